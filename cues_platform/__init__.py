@@ -1,0 +1,1 @@
+"""cues_platform."""

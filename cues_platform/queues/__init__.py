@@ -1,0 +1,56 @@
+"""Queues: append-only Delta tables with dense offsets, producers, tailers and maintenance."""
+
+from cues_platform.queues.appender import AppendResult
+from cues_platform.queues.errors import (
+    BatchError,
+    ConcurrentAppendError,
+    InvalidNameError,
+    NullValueError,
+    OffsetRangeError,
+    ProducerFencedError,
+    QueueError,
+    QueueExistsError,
+    QueueNotFoundError,
+    ReadTimeoutError,
+    ReservedColumnError,
+    SchemaError,
+    SequenceError,
+    TransactionStateError,
+    UnknownPartitionError,
+)
+from cues_platform.queues.lake import Lake
+from cues_platform.queues.producer import Acks, AsyncProducer, Producer
+from cues_platform.queues.queue import Queue
+from cues_platform.queues.reader import Isolation, read_arrow, read_spark
+from cues_platform.queues.tailer import Tailer
+from cues_platform.queues.transactions import TransactionalProducer, TxnStatus
+
+__all__ = [
+    "Acks",
+    "AppendResult",
+    "AsyncProducer",
+    "BatchError",
+    "ConcurrentAppendError",
+    "InvalidNameError",
+    "Isolation",
+    "Lake",
+    "NullValueError",
+    "OffsetRangeError",
+    "Producer",
+    "ProducerFencedError",
+    "Queue",
+    "QueueError",
+    "QueueExistsError",
+    "QueueNotFoundError",
+    "ReadTimeoutError",
+    "ReservedColumnError",
+    "SchemaError",
+    "SequenceError",
+    "Tailer",
+    "TransactionStateError",
+    "TransactionalProducer",
+    "TxnStatus",
+    "UnknownPartitionError",
+    "read_arrow",
+    "read_spark",
+]

@@ -1,0 +1,223 @@
+"""Appending: one batch = one Delta commit, dense offsets per partition without a broker.
+
+Delivery contract of :func:`append_batches` (every retry starts again at step 1):
+
+1. Load the newest snapshot of the queue table (``update_incremental``: O(new commits)).
+2. Run the guards on that snapshot. The idempotent producer's guard compares the batch's sequence
+   with the producer's app transaction: an already committed sequence makes the whole call a no-op
+   that returns the original offsets; a gap or a regression raises :class:`SequenceError`.
+   Other guards (processor steps, fencing epochs) work the same way.
+3. For each partition, read its next offset from its app transaction ``part:{partition}`` and number
+   the rows ``next, next+1, ...``.
+4. Write the Parquet files and commit them in ONE Delta commit that also carries the app
+   transactions ``part:{partition} = next + rows`` (one per written partition), the producer's
+   ``prod:{id} = sequence`` and any extra ones, and the commit metadata.
+5. If another writer committed an app transaction with the same id since step 1 (it took the same
+   offsets, or it is another instance of the same producer), delta-rs rejects the commit with a
+   concurrent-transaction conflict: back off with jitter and go to 1. Writers to other partitions
+   never conflict: delta-rs rebases the commit over theirs.
+
+On abort (exception, SIGKILL) before step 4's commit, no row is visible; Parquet files already
+written are orphans that vacuum removes (they are in no snapshot). After the commit, the batch is
+durable even if the caller never hears back: resending with the same producer id and sequence
+returns the same offsets instead of writing twice.
+
+delta-rs records app transactions but does not enforce their order (a lower version is accepted),
+which is why step 2 checks versions itself; step 5's conflict makes that check race-free.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError
+
+from cues_platform.queues.errors import BatchError, ConcurrentAppendError
+from cues_platform.queues.schema import (
+    APPEND_TIME,
+    DEFAULT_MESSAGE_TYPE,
+    DELIVERY_HASH,
+    MESSAGE_TYPE,
+    OFFSET,
+    PARTITION,
+    PRODUCER_ID,
+    PRODUCER_SEQ,
+    TXN_ID,
+    conform,
+)
+
+if TYPE_CHECKING:
+    from cues_platform.queues.queue import Queue
+
+DEFAULT_MAX_ATTEMPTS = 200
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    """Where a batch landed: half-open offset ranges ``[start, end)`` per partition."""
+
+    queue: str
+    ranges: Mapping[str, tuple[int, int]]
+    version: int | None = None  # the Delta version of the commit; None for a duplicate no-op
+    duplicate: bool = False
+    attempts: int = 1
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def _single(self) -> tuple[int, int]:
+        if len(self.ranges) != 1:
+            raise BatchError(
+                f"this append wrote {len(self.ranges)} partitions; use .ranges", queue=self.queue
+            )
+        return next(iter(self.ranges.values()))
+
+    @property
+    def first_offset(self) -> int:
+        return self._single()[0]
+
+    @property
+    def last_offset(self) -> int:
+        return self._single()[1] - 1
+
+    @property
+    def rows(self) -> int:
+        return sum(end - start for start, end in self.ranges.values())
+
+
+# A guard sees the fresh snapshot before each attempt. It returns None to go on, an AppendResult
+# to turn the call into a no-op (the data is already there), or raises to refuse the append.
+Guard = Callable[[DeltaTable], AppendResult | None]
+
+
+@dataclass(frozen=True)
+class AppendOptions:
+    producer_id: str | None = None
+    sequence: int | None = None
+    delivery_hash: str | None = None
+    message_type: str = DEFAULT_MESSAGE_TYPE
+    txn_id: str | None = None
+    app_transactions: Sequence[tuple[str, int]] = ()
+    commit_metadata: Mapping[str, str] = field(default_factory=dict)
+
+
+def _with_metadata(
+    table: pa.Table, *, partition: str, start: int, opts: AppendOptions, now: datetime
+) -> pa.Table:
+    n = table.num_rows
+
+    def const(value: Any, typ: pa.DataType) -> pa.Array:
+        return pa.array(np.full(n, value), typ) if value is not None else pa.nulls(n, typ)
+
+    offsets = pa.array(np.arange(start, start + n, dtype=np.int64))
+    columns = {
+        PARTITION: pa.array([partition] * n, pa.string()) if n < 1024 else pa.repeat(partition, n),
+        OFFSET: offsets,
+        PRODUCER_ID: pa.nulls(n, pa.string())
+        if opts.producer_id is None
+        else pa.repeat(opts.producer_id, n),
+        PRODUCER_SEQ: const(opts.sequence, pa.int64()),
+        DELIVERY_HASH: pa.nulls(n, pa.string())
+        if opts.delivery_hash is None
+        else pa.repeat(opts.delivery_hash, n),
+        MESSAGE_TYPE: pa.repeat(opts.message_type, n),
+        APPEND_TIME: pa.repeat(pa.scalar(now, pa.timestamp("us", tz="UTC")), n),
+        TXN_ID: pa.nulls(n, pa.string()) if opts.txn_id is None else pa.repeat(opts.txn_id, n),
+    }
+    out = table
+    for name, col in columns.items():
+        out = out.append_column(name, col.cast(pa.string()) if name in (PARTITION,) else col)
+    return out
+
+
+def prepare_batches(queue: Queue, batches: Mapping[str, Any]) -> dict[str, pa.Table]:
+    """Validate and conform each partition's batch (before any offset is taken)."""
+    if not batches:
+        raise BatchError(f"queue {queue.name!r}: nothing to append", queue=queue.name)
+    prepared: dict[str, pa.Table] = {}
+    for partition, data in batches.items():
+        queue.check_partition(partition)
+        prepared[partition] = conform(
+            data, queue.payload_schema, queue=queue.name, max_rows=queue.max_batch_rows
+        )
+    return prepared
+
+
+def append_batches(
+    queue: Queue,
+    batches: Mapping[str, Any],
+    *,
+    guards: Sequence[Guard] = (),
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    prepared: bool = False,
+    **options: Any,
+) -> AppendResult:
+    """Append ``{partition: batch}`` to ``queue`` in one Delta commit. See the module docstring."""
+    opts = AppendOptions(**options)
+    tables = dict(batches) if prepared else prepare_batches(queue, batches)
+    metadata = {"cues.queue": queue.name, **dict(opts.commit_metadata)}
+    if opts.producer_id is not None:
+        metadata["cues.producer"] = f"{opts.producer_id}#{opts.sequence}"
+    if opts.delivery_hash is not None:
+        metadata["cues.hash"] = opts.delivery_hash
+    delay = 0.002
+    for attempt in range(1, max_attempts + 1):
+        # Step 1
+        dt = queue.refresh()
+        # Step 2
+        for guard in guards:
+            done = guard(dt)
+            if done is not None:
+                return done
+        # Step 3
+        now = datetime.now(UTC)
+        parts, ranges, txns = [], {}, []
+        for partition, table in tables.items():
+            start = queue.next_offset(partition, snapshot=dt)
+            end = start + table.num_rows
+            ranges[partition] = (start, end)
+            parts.append(
+                _with_metadata(table, partition=partition, start=start, opts=opts, now=now)
+            )
+            txns.append(Transaction(f"part:{partition}", end))
+        txns += [Transaction(app_id, version) for app_id, version in opts.app_transactions]
+        data = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        data = data.cast(queue.table_schema)
+        # Step 4
+        try:
+            with queue._lock:
+                write_deltalake(
+                    dt,
+                    data,
+                    mode="append",
+                    partition_by=[PARTITION],
+                    commit_properties=CommitProperties(
+                        app_transactions=txns,
+                        custom_metadata={**metadata, "cues.ranges": _ranges_text(ranges)},
+                    ),
+                )
+                version = dt.version()
+        except CommitFailedError:
+            # Step 5
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 0.25)
+            continue
+        return AppendResult(
+            queue=queue.name, ranges=ranges, version=version, attempts=attempt, metadata=metadata
+        )
+    raise ConcurrentAppendError(
+        f"queue {queue.name!r}: gave up after {max_attempts} attempts because other writers kept "
+        f"taking the same offsets of {sorted(tables)}; retry later or spread writers over partitions",
+        queue=queue.name,
+        partitions=sorted(tables),
+    )
+
+
+def _ranges_text(ranges: Mapping[str, tuple[int, int]]) -> str:
+    return ";".join(f"{p}:{s}-{e}" for p, (s, e) in sorted(ranges.items()))

@@ -1,0 +1,69 @@
+"""Typed errors of the queue layer (all under :class:`cues_platform.errors.CuesError`)."""
+
+from __future__ import annotations
+
+from cues_platform.errors import CuesError
+
+
+class QueueError(CuesError):
+    """Root of queue-layer errors."""
+
+
+class InvalidNameError(QueueError):
+    """A queue, partition, producer or tailer name is empty, too long, or has illegal characters."""
+
+
+class QueueNotFoundError(QueueError):
+    """The named queue does not exist under the lake root."""
+
+
+class QueueExistsError(QueueError):
+    """A queue of that name already exists with a different definition."""
+
+
+class SchemaError(QueueError):
+    """A batch or a declared schema does not fit the queue's contract."""
+
+
+class ReservedColumnError(SchemaError):
+    """A payload column uses a name reserved for queue metadata."""
+
+
+class NullValueError(SchemaError):
+    """A required (non-nullable) column holds nulls."""
+
+
+class BatchError(QueueError):
+    """A batch is empty or larger than the queue accepts."""
+
+
+class UnknownPartitionError(QueueError):
+    """A partition that the queue does not declare."""
+
+
+class SequenceError(QueueError):
+    """An idempotent producer sent a sequence number out of order (a gap or a regression)."""
+
+
+class OffsetRangeError(QueueError):
+    """A read asked for offsets outside what the partition holds."""
+
+
+class ConcurrentAppendError(QueueError):
+    """Another writer kept winning the same partition's offsets; retrying later can succeed."""
+
+    retryable = True
+
+
+class ProducerFencedError(QueueError):
+    """A newer instance of this transactional id started; this instance must stop."""
+
+
+class TransactionStateError(QueueError):
+    """A transactional call made in the wrong state (no open transaction, already decided, ...)."""
+
+
+class ReadTimeoutError(QueueError):
+    """A blocking read saw no message before its timeout."""
+
+    retryable = True

@@ -1,0 +1,177 @@
+"""The lake: a root (local folder or any delta-rs URI) under which queues and system tables live.
+
+Layout::
+
+    {root}/queues/{name}/          one Delta table per queue
+    {root}/_cues/positions/        durable tailer positions (one small Delta table)
+    {root}/_cues/transactions/     the transaction coordinator's log
+    {root}/_cues/backing/{proc}/   processors' backing queues (processing layer)
+    {root}/_cues/staging/          prepared, not yet committed outputs (processing layer)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+
+from cues_platform.errors import ConfigurationError
+from cues_platform.queues.errors import QueueExistsError, QueueNotFoundError
+from cues_platform.queues.names import join_uri, validate_name, validate_partition
+from cues_platform.queues.schema import PARTITION, full_schema, validate_payload_schema
+
+if TYPE_CHECKING:
+    from cues_platform.queues.queue import Queue
+
+DEFAULT_MAX_BATCH_ROWS = 5_000_000
+PARTITIONS_KEY = "cues.partitions"
+MAX_ROWS_KEY = "cues.maxBatchRows"
+FORMAT_KEY = "cues.format"
+_REMOTE_SCHEMES = ("s3://", "s3a://", "abfss://", "abfs://", "az://", "gs://", "gcs://", "file://")
+
+
+def _normalize_root(root: str | os.PathLike[str]) -> str:
+    text = os.fspath(root)
+    if not text:
+        raise ConfigurationError(
+            "the lake root is empty: pass a folder or a URI such as s3://bucket/lake"
+        )
+    if "://" in text:
+        if not text.startswith(_REMOTE_SCHEMES):
+            raise ConfigurationError(
+                f"unsupported lake URI {text!r}: use a local folder or one of {', '.join(_REMOTE_SCHEMES)}"
+            )
+        return text.rstrip("/")
+    return str(Path(text).expanduser().resolve())
+
+
+@dataclass(frozen=True)
+class Lake:
+    """Where queues live. ``storage_options`` go to delta-rs unchanged (credentials come from the
+    environment or these options; they are never logged)."""
+
+    root: str
+    storage_options: Mapping[str, str] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", _normalize_root(self.root))
+
+    @property
+    def is_local(self) -> bool:
+        return "://" not in self.root or self.root.startswith("file://")
+
+    @property
+    def options(self) -> dict[str, str] | None:
+        return dict(self.storage_options) if self.storage_options else None
+
+    def queue_uri(self, name: str) -> str:
+        return join_uri(self.root, "queues", validate_name(name))
+
+    def system_uri(self, *parts: str) -> str:
+        return join_uri(self.root, "_cues", *parts)
+
+    def local_path(self, uri: str) -> Path:
+        """The filesystem path of a local URI (for staging files and listings)."""
+        if not self.is_local:
+            raise ConfigurationError(f"{uri!r} is not on the local filesystem")
+        return Path(uri.removeprefix("file://"))
+
+    # -- queues ---------------------------------------------------------------------------------
+    def create_queue(
+        self,
+        name: str,
+        *,
+        schema: pa.Schema,
+        partitions: Sequence[str] = ("0",),
+        max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS,
+        description: str = "",
+        exist_ok: bool = False,
+    ) -> Queue:
+        """Create a queue (an empty Delta table) and return its handle.
+
+        With ``exist_ok`` an existing queue of the same payload schema is returned; a different
+        schema raises :class:`QueueExistsError` rather than silently mixing contracts.
+        """
+        from cues_platform.queues.queue import Queue
+
+        uri = self.queue_uri(name)
+        payload = validate_payload_schema(schema, queue=name)
+        parts = [validate_partition(p) for p in partitions]
+        if not parts or len(set(parts)) != len(parts):
+            raise ConfigurationError(
+                f"queue {name!r}: declare one or more distinct partitions, got {list(partitions)}"
+            )
+        if max_batch_rows < 1:
+            raise ConfigurationError(f"queue {name!r}: max_batch_rows must be >= 1")
+        if DeltaTable.is_deltatable(uri, storage_options=self.options):
+            existing = self.queue(name)
+            if not existing.payload_schema.equals(payload):
+                raise QueueExistsError(
+                    f"queue {name!r} already exists with schema {existing.payload_schema}; "
+                    "pick another name or drop the old queue",
+                    queue=name,
+                )
+            if not exist_ok:
+                raise QueueExistsError(
+                    f"queue {name!r} already exists; pass exist_ok=True to reuse it", queue=name
+                )
+            missing = [p for p in parts if p not in existing.partitions]
+            if missing:
+                existing.add_partitions(missing)
+            return existing
+        DeltaTable.create(
+            uri,
+            full_schema(payload),
+            mode="ignore",
+            partition_by=[PARTITION],
+            name=name,
+            description=description or None,
+            configuration={
+                PARTITIONS_KEY: json.dumps(parts),
+                MAX_ROWS_KEY: str(max_batch_rows),
+                FORMAT_KEY: "1",
+                "delta.checkpointInterval": "100",
+            },
+            storage_options=self.options,
+            raise_if_key_not_exists=False,
+        )
+        return Queue(lake=self, name=name)
+
+    def queue(self, name: str) -> Queue:
+        """Open an existing queue."""
+        from cues_platform.queues.queue import Queue
+
+        return Queue(lake=self, name=name)
+
+    def has_queue(self, name: str) -> bool:
+        return DeltaTable.is_deltatable(self.queue_uri(name), storage_options=self.options)
+
+    def list_queues(self) -> list[str]:
+        """Names of the queues under this lake (local lakes list the folder; remote ones use
+        pyarrow's filesystem)."""
+        base = join_uri(self.root, "queues")
+        if self.is_local:
+            folder = self.local_path(base)
+            names = [p.name for p in folder.iterdir() if p.is_dir()] if folder.exists() else []
+        else:
+            from pyarrow import fs
+
+            filesystem, path = fs.FileSystem.from_uri(base)
+            infos = filesystem.get_file_info(fs.FileSelector(path, allow_not_found=True))
+            names = [i.base_name for i in infos if i.type == fs.FileType.Directory]
+        return sorted(n for n in names if self.has_queue(n))
+
+    def open_table(self, uri: str, *, what: str) -> DeltaTable:
+        try:
+            return DeltaTable(uri, storage_options=self.options)
+        except TableNotFoundError as exc:
+            raise QueueNotFoundError(
+                f"{what} does not exist at {uri}; create it first (Lake.create_queue)", uri=uri
+            ) from exc

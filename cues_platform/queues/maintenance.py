@@ -1,0 +1,102 @@
+"""Maintenance: compaction, vacuum, log checkpoints and app-transaction retention.
+
+None of these change what any reader sees: compaction rewrites a partition's small files into
+larger ones holding the same rows with the same offsets (one commit that removes the old files and
+adds the new); vacuum deletes only files that are in no snapshot newer than the retention window
+(orphans of failed appends included), so a reader still working on an older snapshot keeps its
+files; checkpoints only speed up opening the table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from cues_platform.errors import ConfigurationError
+from cues_platform.queues.schema import PARTITION
+
+if TYPE_CHECKING:
+    from cues_platform.queues.queue import Queue
+
+DEFAULT_TARGET_FILE_BYTES = 128 * 1024 * 1024
+DEFAULT_VACUUM_RETENTION_HOURS = 24
+
+
+@dataclass(frozen=True)
+class MaintenanceReport:
+    queue: str
+    files_removed: int = 0
+    files_added: int = 0
+    files_vacuumed: int = 0
+    checkpoint_version: int | None = None
+
+
+def compact(
+    queue: Queue,
+    *,
+    partition: str | None = None,
+    target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES,
+) -> MaintenanceReport:
+    """Merge small files, one partition at a time (so files keep one partition and dense offset
+    ranges, and offset-statistics pruning stays exact)."""
+    removed = added = 0
+    parts = [queue.check_partition(partition)] if partition else list(queue.partitions)
+    for part in parts:
+        dt = queue.refresh()
+        metrics = dt.optimize.compact(
+            partition_filters=[(PARTITION, "=", part)], target_size=target_file_bytes
+        )
+        removed += int(metrics.get("numFilesRemoved", 0))
+        added += int(metrics.get("numFilesAdded", 0))
+    queue.refresh()
+    return MaintenanceReport(queue.name, files_removed=removed, files_added=added)
+
+
+def vacuum(
+    queue: Queue, *, retention_hours: float = DEFAULT_VACUUM_RETENTION_HOURS
+) -> MaintenanceReport:
+    """Delete files no snapshot within ``retention_hours`` references (and orphaned files of
+    failed appends older than that). ``retention_hours=0`` is for tests and offline tables only:
+    a reader that opened an older snapshot could then miss files."""
+    if retention_hours < 0:
+        raise ConfigurationError("retention_hours must be >= 0")
+    dt = queue.refresh()
+    deleted = dt.vacuum(
+        retention_hours=int(retention_hours),
+        dry_run=False,
+        enforce_retention_duration=False,
+        full=True,
+    )
+    return MaintenanceReport(queue.name, files_vacuumed=len(deleted))
+
+
+def checkpoint(queue: Queue) -> MaintenanceReport:
+    """Write a Delta checkpoint at the current version and drop expired log files."""
+    dt = queue.refresh()
+    dt.create_checkpoint()
+    dt.cleanup_metadata()
+    return MaintenanceReport(queue.name, checkpoint_version=dt.version())
+
+
+def set_app_transaction_retention(queue: Queue, *, days: int) -> None:
+    """Let Delta forget producer ids and transaction markers idle for ``days``.
+
+    Safe for offsets: a partition whose offset transaction expired gets its next offset from file
+    statistics instead. An expired producer id starts again at sequence 0 (Kafka's producer-id
+    expiration), and an expired transaction marker is resolved from the coordinator, which keeps
+    every decision.
+    """
+    if days < 1:
+        raise ConfigurationError("app-transaction retention must be at least 1 day")
+    queue.refresh().alter.set_table_properties(
+        {"delta.setTransactionRetentionDuration": f"interval {days} days"},
+        raise_if_not_exists=False,
+    )
+    queue.refresh()
+
+
+def maintain(
+    queue: Queue, *, retention_hours: float = DEFAULT_VACUUM_RETENTION_HOURS
+) -> list[MaintenanceReport]:
+    """Compact, checkpoint and vacuum, in that order."""
+    return [compact(queue), checkpoint(queue), vacuum(queue, retention_hours=retention_hours)]

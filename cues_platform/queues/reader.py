@@ -1,0 +1,201 @@
+"""Reading offset ranges of one partition, as Arrow (small reads) or Spark (large reads).
+
+Both paths plan the same way: the snapshot's data files are pruned by their per-file ``_offset``
+statistics (Delta ``add`` actions), so a read of 100k offsets from a 10M-row queue touches only
+the files that hold them; Spark then reads those Parquet files itself (nothing passes through the
+driver). Ranges are half-open, ``[start, end)``.
+
+Isolation (Kafka's): ``read_uncommitted`` returns every row. ``read_committed`` hides rows of
+aborted producer transactions and stops before the first row of an undecided one (the last stable
+offset), so a reader never skips a row that later becomes visible.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from cues_platform.queues.errors import OffsetRangeError
+from cues_platform.queues.names import join_uri
+from cues_platform.queues.schema import OFFSET, PARTITION, TXN_ID
+
+if TYPE_CHECKING:
+    from cues_platform.queues.queue import FileInfo, Queue
+
+
+class Isolation(StrEnum):
+    READ_COMMITTED = "read_committed"
+    READ_UNCOMMITTED = "read_uncommitted"
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    """What a read touches: the files, the (possibly shortened) range and hidden transactions."""
+
+    queue: str
+    partition: str
+    start: int
+    end: int  # exclusive; shortened to the last stable offset under read_committed
+    requested_end: int
+    files: tuple[FileInfo, ...]
+    hidden_txns: tuple[str, ...]  # aborted transactions whose rows are filtered out
+
+    @property
+    def empty(self) -> bool:
+        return self.end <= self.start
+
+
+def plan_read(
+    queue: Queue,
+    *,
+    partition: str,
+    start: int,
+    end: int | None,
+    isolation: Isolation | str = Isolation.READ_COMMITTED,
+) -> ReadPlan:
+    queue.check_partition(partition)
+    if start < 0 or (end is not None and end < start):
+        raise OffsetRangeError(
+            f"queue {queue.name!r} partition {partition!r}: invalid range [{start}, {end}); "
+            "offsets start at 0 and end must not be before start",
+            queue=queue.name,
+            partition=partition,
+            start=start,
+            end=end,
+        )
+    dt = queue.refresh()
+    available = queue.next_offset(partition, snapshot=dt)
+    stop = available if end is None else min(end, available)
+    files = (
+        tuple(
+            f
+            for f in queue.files(partition=partition, snapshot=dt)
+            if f.max_offset >= start and f.min_offset < stop
+        )
+        if stop > start
+        else ()
+    )
+    hidden: tuple[str, ...] = ()
+    if Isolation(isolation) is Isolation.READ_COMMITTED and any(f.txn_rows for f in files):
+        stop, hidden = _stable_range(queue, dt, [f for f in files if f.txn_rows], start, stop)
+        files = tuple(f for f in files if f.min_offset < stop)
+    return ReadPlan(
+        queue.name,
+        partition,
+        start,
+        max(stop, start),
+        end if end is not None else available,
+        files,
+        hidden,
+    )
+
+
+def _stable_range(
+    queue: Queue, dt: Any, files: list[FileInfo], start: int, stop: int
+) -> tuple[int, tuple[str, ...]]:
+    from cues_platform.queues.transactions import TxnStatus, resolve_statuses
+
+    rows = _dataset(queue, files).to_table(
+        columns=[OFFSET, TXN_ID],
+        filter=(pc.field(OFFSET) >= start)
+        & (pc.field(OFFSET) < stop)
+        & pc.field(TXN_ID).is_valid(),
+    )
+    txns = sorted(set(rows[TXN_ID].to_pylist()))
+    statuses = resolve_statuses(queue, dt, txns)
+    hidden = tuple(t for t in txns if statuses[t] is TxnStatus.ABORTED)
+    undecided = [t for t in txns if statuses[t] is TxnStatus.OPEN]
+    if undecided:
+        mask = pc.is_in(rows[TXN_ID], pa.array(undecided))
+        stop = min(stop, pc.min(rows.filter(mask)[OFFSET]).as_py())
+    return stop, hidden
+
+
+def _dataset(
+    queue: Queue, files: list[FileInfo] | tuple[FileInfo, ...], schema: pa.Schema | None = None
+) -> ds.Dataset:
+    if queue.lake.is_local:
+        paths = [str(queue.lake.local_path(join_uri(queue.uri, f.path))) for f in files]
+        return ds.dataset(paths, format="parquet", schema=schema)
+    from deltalake.fs import DeltaStorageHandler
+    from pyarrow.fs import PyFileSystem
+
+    filesystem = PyFileSystem(DeltaStorageHandler(queue.uri, queue.lake.options))
+    return ds.dataset(
+        [f.path for f in files], format="parquet", filesystem=filesystem, schema=schema
+    )
+
+
+def _payload_and_meta_schema(queue: Queue) -> pa.Schema:
+    return pa.schema([f for f in queue.table_schema if f.name != PARTITION])
+
+
+def execute_arrow(queue: Queue, plan: ReadPlan, *, columns: list[str] | None = None) -> pa.Table:
+    schema = queue.table_schema
+    if plan.empty or not plan.files:
+        return schema.empty_table() if columns is None else schema.empty_table().select(columns)
+    expr = (pc.field(OFFSET) >= plan.start) & (pc.field(OFFSET) < plan.end)
+    if plan.hidden_txns:
+        expr &= ~pc.field(TXN_ID).isin(list(plan.hidden_txns)) | pc.field(TXN_ID).is_null()
+    dataset = _dataset(queue, plan.files, _payload_and_meta_schema(queue))
+    table = dataset.to_table(filter=expr).sort_by(OFFSET)
+    table = table.append_column(
+        pa.field(PARTITION, pa.string(), nullable=False),
+        pa.repeat(plan.partition, table.num_rows).cast(pa.string()),
+    )
+    table = table.select(schema.names).cast(schema)
+    return table if columns is None else table.select(columns)
+
+
+def read_arrow(
+    queue: Queue,
+    *,
+    partition: str,
+    start: int = 0,
+    end: int | None = None,
+    isolation: Isolation | str = Isolation.READ_COMMITTED,
+    columns: list[str] | None = None,
+) -> pa.Table:
+    """Rows of ``partition`` with offsets in ``[start, end)`` (end clamped to what exists), in
+    offset order, as one Arrow table. For reads that fit comfortably in driver memory."""
+    plan = plan_read(queue, partition=partition, start=start, end=end, isolation=isolation)
+    return execute_arrow(queue, plan, columns=columns)
+
+
+def execute_spark(queue: Queue, spark: Any, plan: ReadPlan) -> Any:
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    physical = from_arrow_schema(_payload_and_meta_schema(queue), prefer_timestamp_ntz=False)
+    if plan.empty or not plan.files:
+        frame = spark.createDataFrame([], physical)
+    else:
+        uris = [join_uri(queue.uri, f.path) for f in plan.files]
+        frame = spark.read.schema(physical).parquet(*uris)
+        frame = frame.where((F.col(OFFSET) >= plan.start) & (F.col(OFFSET) < plan.end))
+        if plan.hidden_txns:
+            frame = frame.where(
+                F.col(TXN_ID).isNull() | ~F.col(TXN_ID).isin(list(plan.hidden_txns))
+            )
+    frame = frame.withColumn(PARTITION, F.lit(plan.partition))
+    return frame.select(*queue.table_schema.names)
+
+
+def read_spark(
+    queue: Queue,
+    spark: Any,
+    *,
+    partition: str,
+    start: int = 0,
+    end: int | None = None,
+    isolation: Isolation | str = Isolation.READ_COMMITTED,
+) -> Any:
+    """The same rows as :func:`read_arrow`, as a Spark DataFrame that reads the Parquet files
+    directly (unordered; sort by ``_offset`` if order matters)."""
+    plan = plan_read(queue, partition=partition, start=start, end=end, isolation=isolation)
+    return execute_spark(queue, spark, plan)

@@ -1,0 +1,322 @@
+"""Transactional producer: appends across queues and partitions that commit all or nothing.
+
+Kafka's design on Delta. The coordinator is a small Delta table (``_cues/transactions``) whose app
+transactions hold the state: ``tid:{transactional id} = epoch`` (fencing), ``cur:{tid} = n`` (the
+newest transaction of that id) and ``txn:{txn id} = 0 open | 1 committed | 2 aborted``.
+
+Delivery contract of one transaction:
+
+1. ``begin``: one coordinator commit records the transaction as open (guard: this instance's epoch
+   is still the newest, and the previous transaction is decided).
+2. ``send``: ordinary appends (dense offsets, one commit each) whose rows carry ``_txn_id``.
+   ``read_uncommitted`` readers see them at once; ``read_committed`` readers stop before them.
+3. ``commit`` / ``abort``: ONE coordinator commit sets ``txn:{id}`` to 1 or 2. This is the decision;
+   it is atomic, happens once (a concurrent decision on the same id conflicts), and is refused if a
+   newer instance has fenced this one.
+4. Roll forward: an empty commit on each touched queue sets the marker ``txn:{id}`` there too, so
+   readers resolve the status from the queue's own snapshot. Readers that find no marker ask the
+   coordinator, so a crash between 3 and 4 changes nothing they see.
+
+On abort (crash) before 3 the transaction stays open; the next ``init_transactions`` of the same
+transactional id bumps the epoch (fencing the old instance: its decision fails with
+:class:`ProducerFencedError`) and aborts it. A crash after 3 is finished by rolling the markers
+forward. Rows of a transaction id the coordinator never opened can never commit and count as
+aborted.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from enum import IntEnum
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError
+
+from cues_platform.queues.appender import AppendResult, append_batches
+from cues_platform.queues.errors import (
+    ConcurrentAppendError,
+    ProducerFencedError,
+    TransactionStateError,
+)
+from cues_platform.queues.lake import Lake
+from cues_platform.queues.names import validate_id
+from cues_platform.queues.positions import open_system_table
+
+if TYPE_CHECKING:
+    from cues_platform.queues.queue import Queue
+
+SCHEMA = pa.schema(
+    [
+        pa.field("txn_id", pa.string(), nullable=False),
+        pa.field("transactional_id", pa.string(), nullable=False),
+        pa.field("epoch", pa.int64(), nullable=False),
+        pa.field("action", pa.string(), nullable=False),
+        pa.field("queues", pa.string(), nullable=True),
+        pa.field("at", pa.timestamp("us", tz="UTC"), nullable=False),
+    ]
+)
+
+
+class TxnStatus(IntEnum):
+    OPEN = 0
+    COMMITTED = 1
+    ABORTED = 2
+
+
+def txn_app_id(txn_id: str) -> str:
+    return f"txn:{txn_id}"
+
+
+class Coordinator:
+    """The coordinator's Delta table and race-free guarded commits on it."""
+
+    def __init__(self, lake: Lake) -> None:
+        self.lake = lake
+        self.table = open_system_table(lake, "transactions", SCHEMA)
+
+    def snapshot(self) -> DeltaTable:
+        self.table.update_incremental()
+        return self.table
+
+    def status(self, txn_id: str, dt: DeltaTable | None = None) -> TxnStatus:
+        version = (dt or self.snapshot()).transaction_version(txn_app_id(txn_id))
+        return TxnStatus.ABORTED if version is None else TxnStatus(int(version))
+
+    def record(
+        self,
+        *,
+        txn_id: str,
+        transactional_id: str,
+        epoch: int,
+        action: str,
+        app_transactions: Sequence[tuple[str, int]],
+        guard: Callable[[DeltaTable], None],
+        queues: Sequence[str] = (),
+    ) -> None:
+        row = pa.table(
+            {
+                "txn_id": [txn_id],
+                "transactional_id": [transactional_id],
+                "epoch": [epoch],
+                "action": [action],
+                "queues": [json.dumps(sorted(queues))],
+                "at": [datetime.now(UTC)],
+            },
+            schema=SCHEMA,
+        )
+        delay = 0.002
+        for _ in range(200):
+            dt = self.snapshot()
+            guard(dt)
+            try:
+                write_deltalake(
+                    dt,
+                    row,
+                    mode="append",
+                    commit_properties=CommitProperties(
+                        app_transactions=[Transaction(a, v) for a, v in app_transactions],
+                        custom_metadata={"cues.txn": txn_id, "cues.action": action},
+                    ),
+                )
+                return
+            except CommitFailedError:
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 0.25)
+        raise ConcurrentAppendError(
+            f"transaction {txn_id}: coordinator stayed contended", txn_id=txn_id
+        )
+
+    def decided_queues(self, txn_id: str) -> list[str]:
+        rows = (
+            self.snapshot()
+            .to_pyarrow_dataset()
+            .to_table(
+                columns=["queues"],
+                filter=(pc.field("txn_id") == txn_id) & (pc.field("action") != "begin"),
+            )
+        )
+        return json.loads(rows["queues"][0].as_py()) if rows.num_rows else []
+
+
+def resolve_statuses(queue: Queue, dt: DeltaTable, txn_ids: Sequence[str]) -> dict[str, TxnStatus]:
+    """Status of each transaction: the queue's own marker first, else the coordinator."""
+    out: dict[str, TxnStatus] = {}
+    missing = []
+    for txn in txn_ids:
+        marker = dt.transaction_version(txn_app_id(txn))
+        if marker is None:
+            missing.append(txn)
+        else:
+            out[txn] = TxnStatus(int(marker))
+    if missing:
+        coordinator = Coordinator(queue.lake)
+        snap = coordinator.snapshot()
+        for txn in missing:
+            out[txn] = coordinator.status(txn, snap)
+    return out
+
+
+def write_marker(queue: Queue, txn_id: str, status: TxnStatus) -> None:
+    """Roll a decision forward onto one queue (an empty commit carrying the marker)."""
+    dt = queue.refresh()
+    if dt.transaction_version(txn_app_id(txn_id)) == int(status):
+        return
+    write_deltalake(
+        dt,
+        queue.table_schema.empty_table(),
+        mode="append",
+        commit_properties=CommitProperties(
+            app_transactions=[Transaction(txn_app_id(txn_id), int(status))],
+            max_commit_retries=100,
+            custom_metadata={"cues.txn": txn_id, "cues.action": status.name.lower()},
+        ),
+    )
+
+
+class TransactionalProducer:
+    """Kafka's transactional producer: ``init_transactions`` once, then begin/send/commit|abort.
+
+    ``hook`` is called with the name of each step ("begun", "sent", "decided", "rolled_forward")
+    so crash tests can kill the process at an exact point.
+    """
+
+    def __init__(
+        self, lake: Lake, *, transactional_id: str, hook: Callable[[str], None] | None = None
+    ) -> None:
+        self.lake = lake
+        self.transactional_id = validate_id(transactional_id, kind="transactional id")
+        self.coordinator = Coordinator(lake)
+        self.epoch: int | None = None
+        self.txn_id: str | None = None
+        self._touched: dict[str, Queue] = {}
+        self._hook = hook or (lambda _step: None)
+
+    @property
+    def _tid(self) -> str:
+        return f"tid:{self.transactional_id}"
+
+    @property
+    def _cur(self) -> str:
+        return f"cur:{self.transactional_id}"
+
+    def _check_epoch(self, dt: DeltaTable) -> None:
+        newest = dt.transaction_version(self._tid)
+        if newest is not None and self.epoch is not None and int(newest) > self.epoch:
+            raise ProducerFencedError(
+                f"transactional id {self.transactional_id!r}: epoch {self.epoch} was fenced by a newer "
+                f"instance (epoch {newest}); stop this producer",
+                transactional_id=self.transactional_id,
+                epoch=self.epoch,
+                newest=int(newest),
+            )
+
+    def init_transactions(self) -> int:
+        """Fence older instances, finish the last transaction they left, and return the epoch."""
+        dt = self.coordinator.snapshot()
+        current = dt.transaction_version(self._tid)
+        self.epoch = 0 if current is None else int(current) + 1
+        self.coordinator.record(
+            txn_id="-",
+            transactional_id=self.transactional_id,
+            epoch=self.epoch,
+            action="init",
+            app_transactions=[(self._tid, self.epoch)],
+            guard=self._check_epoch,
+        )
+        dt = self.coordinator.snapshot()
+        last = dt.transaction_version(self._cur)
+        if last is not None:
+            txn = f"{self.transactional_id}#{int(last)}"
+            status = self.coordinator.status(txn, dt)
+            if status is TxnStatus.OPEN:
+                self._decide(txn, TxnStatus.ABORTED, queues=[])
+            else:
+                self._roll_forward(txn, status, self.coordinator.decided_queues(txn))
+        return self.epoch
+
+    def begin(self) -> str:
+        if self.epoch is None:
+            raise TransactionStateError("call init_transactions() before begin()")
+        if self.txn_id is not None:
+            raise TransactionStateError(
+                f"transaction {self.txn_id} is still open: commit or abort it"
+            )
+        dt = self.coordinator.snapshot()
+        last = dt.transaction_version(self._cur)
+        number = 0 if last is None else int(last) + 1
+        txn = f"{self.transactional_id}#{number}"
+        self.coordinator.record(
+            txn_id=txn,
+            transactional_id=self.transactional_id,
+            epoch=self.epoch,
+            action="begin",
+            app_transactions=[(self._tid, self.epoch), (self._cur, number), (txn_app_id(txn), 0)],
+            guard=self._check_epoch,
+        )
+        self.txn_id, self._touched = txn, {}
+        self._hook("begun")
+        return txn
+
+    def send(self, queue: Queue, data: Any, *, partition: str, **options: Any) -> AppendResult:
+        return self.send_many(queue, {partition: data}, **options)
+
+    def send_many(self, queue: Queue, batches: Mapping[str, Any], **options: Any) -> AppendResult:
+        if self.txn_id is None:
+            raise TransactionStateError("send() outside a transaction: call begin() first")
+        self._check_epoch(self.coordinator.snapshot())
+        self._touched[queue.name] = queue
+        result = append_batches(queue, batches, txn_id=self.txn_id, **options)
+        self._hook("sent")
+        return result
+
+    def commit(self) -> None:
+        self._finish(TxnStatus.COMMITTED)
+
+    def abort(self) -> None:
+        self._finish(TxnStatus.ABORTED)
+
+    def _finish(self, status: TxnStatus) -> None:
+        if self.txn_id is None:
+            raise TransactionStateError("no open transaction to commit or abort")
+        txn, queues = self.txn_id, sorted(self._touched)
+        self._decide(txn, status, queues=queues)
+        self._hook("decided")
+        self._roll_forward(txn, status, queues)
+        self._hook("rolled_forward")
+        self.txn_id, self._touched = None, {}
+
+    def _decide(self, txn: str, status: TxnStatus, *, queues: Sequence[str]) -> None:
+        def guard(dt: DeltaTable) -> None:
+            self._check_epoch(dt)
+            current = self.coordinator.status(txn, dt)
+            if current is not TxnStatus.OPEN:
+                raise TransactionStateError(
+                    f"transaction {txn} is already {current.name.lower()}", txn_id=txn
+                )
+
+        self.coordinator.record(
+            txn_id=txn,
+            transactional_id=self.transactional_id,
+            epoch=self.epoch or 0,
+            action=status.name.lower(),
+            queues=queues,
+            app_transactions=[(self._tid, self.epoch or 0), (txn_app_id(txn), int(status))],
+            guard=guard,
+        )
+
+    def _roll_forward(self, txn: str, status: TxnStatus, queues: Sequence[str]) -> None:
+        for name in queues:
+            queue = self._touched.get(name) or self.lake.queue(name)
+            write_marker(queue, txn, status)
+
+
+def new_transactional_id() -> str:
+    return f"txn-{uuid.uuid4().hex[:12]}"

@@ -1,0 +1,91 @@
+"""One Spark session per process, reused across steps.
+
+Default ``local[*]`` bound to 127.0.0.1 with the web UI off; a ``spark://``/``yarn``/``k8s://``
+master for a cluster; an ``sc://`` URL for Spark Connect. Spark needs Java 17+ on the machine:
+when it is missing, :func:`get_spark` says so in one line instead of a JVM stack trace.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cues_platform.errors import JavaNotFoundError
+
+MIN_JAVA = 17
+
+
+def java_major_version() -> int | None:
+    """The major version of the ``java`` Spark will use (JAVA_HOME first), or None."""
+    home = os.environ.get("JAVA_HOME")
+    java = os.path.join(home, "bin", "java") if home else shutil.which("java")
+    if not java or not os.path.exists(java):
+        return None
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    if not match:
+        return None
+    major = int(match.group(1))
+    return int(match.group(2) or 0) if major == 1 else major
+
+
+def require_java() -> int:
+    version = java_major_version()
+    if version is None or version < MIN_JAVA:
+        found = "no java on PATH or JAVA_HOME" if version is None else f"Java {version}"
+        raise JavaNotFoundError(
+            f"Spark needs Java {MIN_JAVA}+ but found {found}: install it (Debian/Ubuntu: "
+            f"apt-get install openjdk-17-jre-headless) or set JAVA_HOME",
+            found=version,
+        )
+    return version
+
+
+@dataclass(frozen=True)
+class SparkSettings:
+    master: str = "local[*]"
+    app_name: str = "cues_platform"
+    conf: Mapping[str, str] = field(default_factory=dict)
+
+
+LOCAL_DEFAULTS = {
+    "spark.ui.enabled": "false",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.driver.host": "127.0.0.1",
+    "spark.sql.shuffle.partitions": "4",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.parquet.enableVectorizedReader": "true",
+    "spark.driver.memory": "2g",
+    "spark.ui.showConsoleProgress": "false",
+}
+
+
+def get_spark(settings: SparkSettings | None = None) -> Any:
+    """Return the process's Spark session, creating it on first use."""
+    from pyspark.sql import SparkSession
+
+    s = settings or SparkSettings(master=os.environ.get("CUES_SPARK_MASTER", "local[*]"))
+    if s.master.startswith("sc://"):
+        builder = SparkSession.builder.remote(s.master)
+    else:
+        require_java()
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        builder = SparkSession.builder.master(s.master)
+        for key, value in LOCAL_DEFAULTS.items():
+            builder = builder.config(key, value)
+    builder = builder.appName(s.app_name)
+    for key, value in s.conf.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    if not s.master.startswith("sc://"):
+        session.sparkContext.setLogLevel(os.environ.get("CUES_SPARK_LOG_LEVEL", "ERROR"))
+    return session

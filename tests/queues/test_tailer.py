@@ -1,0 +1,79 @@
+"""Tailers: durable named positions, batches, blocking reads, seek and backward reads."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from cues_platform.queues import OffsetRangeError, ReadTimeoutError
+from tests.support import rows
+
+
+def test_read_batches_and_commit_survives_a_new_instance(make_queue, lake) -> None:
+    q = make_queue()
+    q.append(rows(0, 25), partition="0")
+    tailer = q.tailer("billing", partition="0")
+    assert tailer.read_arrow(10)["_offset"].to_pylist() == list(range(10))
+    assert tailer.read_arrow(10)["_offset"].to_pylist() == list(range(10, 20))
+    tailer.commit()
+    again = lake.queue("events").tailer("billing", partition="0")
+    assert again.position == 20
+    assert again.read_arrow(10)["_offset"].to_pylist() == list(range(20, 25))
+    assert again.read_arrow(10).num_rows == 0
+    assert again.lag() == 0
+    # another name has its own position
+    assert q.tailer("audit", partition="0").position == 0
+
+
+def test_spark_batch_advances_the_position(make_queue, spark) -> None:
+    q = make_queue()
+    q.append(rows(0, 30), partition="0")
+    tailer = q.tailer("s", partition="0")
+    assert sorted(r["_offset"] for r in tailer.read_spark(spark, 12).collect()) == list(range(12))
+    assert tailer.position == 12
+
+
+def test_seek_and_backward_and_last_offset(make_queue) -> None:
+    q = make_queue()
+    q.append(rows(0, 10), partition="0")
+    tailer = q.tailer("t", partition="0")
+    assert tailer.seek("end") == 10 and tailer.last_offset() == 9
+    assert tailer.read_backward(3)["_offset"].to_pylist() == [9, 8, 7]
+    assert tailer.seek(4) == 4
+    assert tailer.read_arrow(2)["_offset"].to_pylist() == [4, 5]
+    assert tailer.seek("start") == 0
+    with pytest.raises(OffsetRangeError):
+        tailer.seek(11)
+    # seeking back and committing is durable too
+    tailer.commit(3)
+    assert q.tailer("t", partition="0").position == 3
+
+
+def test_blocking_read_wakes_on_new_data(make_queue) -> None:
+    q = make_queue()
+    tailer = q.tailer("b", partition="0")
+    appended = threading.Event()
+
+    def produce() -> None:
+        q.append(rows(0, 2), partition="0")
+        appended.set()
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    table = tailer.read_blocking(10, timeout=60)
+    thread.join()
+    assert table["_offset"].to_pylist() == [0, 1]
+
+
+def test_blocking_read_times_out_and_can_be_unblocked(make_queue) -> None:
+    q = make_queue()
+    tailer = q.tailer("b", partition="0")
+    with pytest.raises(ReadTimeoutError):
+        tailer.read_blocking(10, timeout=0.05)
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(tailer.read_blocking(10).num_rows))
+    thread.start()
+    tailer.unblock()
+    thread.join(timeout=60)
+    assert result == [0]
