@@ -137,7 +137,7 @@ class StreamReceiver(Worker):
     def _reset(self) -> None:
         self.phase = Phase.FETCHING if self.index is None else Phase.LOADING
         self.position = 0
-        self.pending: int | None = None
+        self.outstanding: int | None = None
         self.sent_at = 0
         self.idle_until = 0
 
@@ -148,11 +148,11 @@ class StreamReceiver(Worker):
 
     def _next_request(self, now: int) -> int:
         self._request += 1
-        self.pending, self.sent_at = self._request, now
+        self.outstanding, self.sent_at = self._request, now
         return self._request
 
     def _timed_out(self, now: int, timeout: int) -> bool:
-        return self.pending is None or now - self.sent_at >= timeout
+        return self.outstanding is None or now - self.sent_at >= timeout
 
     def _step(self, now: int) -> None:
         if self.index is not None:
@@ -160,20 +160,20 @@ class StreamReceiver(Worker):
                 if (
                     isinstance(item, IndexValue)
                     and self.phase is Phase.LOADING
-                    and item.request_id == self.pending
+                    and item.request_id == self.outstanding
                 ):
                     self.position = item.position or 0
-                    self.phase, self.pending = Phase.FETCHING, None
+                    self.phase, self.outstanding = Phase.FETCHING, None
             if self.phase is Phase.LOADING:
                 if self._timed_out(now, self.config.fetch_timeout):
                     self.index.forward.send(ReadIndex(self._next_request(now)))
                 return
         for item in self.stream.back.receive():
-            if isinstance(item, Batch) and item.request_id == self.pending:
-                self.pending = None
+            if isinstance(item, Batch) and item.request_id == self.outstanding:
+                self.outstanding = None
                 self._deliver(item, now)
-        idle = self.pending is None and now >= self.idle_until
-        lost = self.pending is not None and now - self.sent_at >= self.config.fetch_timeout
+        idle = self.outstanding is None and now >= self.idle_until
+        lost = self.outstanding is not None and now - self.sent_at >= self.config.fetch_timeout
         if idle or lost:
             fetch = Fetch(self._next_request(now), self.position, self.config.batch)
             self.stream.forward.send(fetch)
