@@ -93,6 +93,7 @@ class Lake:
         max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS,
         description: str = "",
         exist_ok: bool = False,
+        uri: str | None = None,
     ) -> Queue:
         """Create a queue (an empty Delta table) and return its handle.
 
@@ -101,7 +102,7 @@ class Lake:
         """
         from cues_platform.queues.queue import Queue
 
-        uri = self.queue_uri(name)
+        uri = uri or self.queue_uri(name)
         payload = validate_payload_schema(schema, queue=name)
         parts = [validate_partition(p) for p in partitions]
         if not parts or len(set(parts)) != len(parts):
@@ -111,7 +112,7 @@ class Lake:
         if max_batch_rows < 1:
             raise ConfigurationError(f"queue {name!r}: max_batch_rows must be >= 1")
         if DeltaTable.is_deltatable(uri, storage_options=self.options):
-            existing = self.queue(name)
+            existing = self.queue(name, uri=uri)
             if not existing.payload_schema.equals(payload):
                 raise QueueExistsError(
                     f"queue {name!r} already exists with schema {existing.payload_schema}; "
@@ -142,13 +143,13 @@ class Lake:
             storage_options=self.options,
             raise_if_key_not_exists=False,
         )
-        return Queue(lake=self, name=name)
+        return Queue(lake=self, name=name, uri=uri)
 
-    def queue(self, name: str) -> Queue:
-        """Open an existing queue."""
+    def queue(self, name: str, *, uri: str | None = None) -> Queue:
+        """Open an existing queue (``uri`` places system queues outside ``queues/``)."""
         from cues_platform.queues.queue import Queue
 
-        return Queue(lake=self, name=name)
+        return Queue(lake=self, name=name, uri=uri)
 
     def has_queue(self, name: str) -> bool:
         return DeltaTable.is_deltatable(self.queue_uri(name), storage_options=self.options)

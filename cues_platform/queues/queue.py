@@ -50,10 +50,10 @@ class FileInfo:
 class Queue:
     """An append-only Delta table of messages with dense offsets per partition."""
 
-    def __init__(self, *, lake: Lake, name: str) -> None:
+    def __init__(self, *, lake: Lake, name: str, uri: str | None = None) -> None:
         self.lake = lake
         self.name = validate_name(name)
-        self.uri = lake.queue_uri(name)
+        self.uri = uri or lake.queue_uri(name)
         self._lock = threading.RLock()
         self._dt = lake.open_table(self.uri, what=f"queue {name!r}")
         self._load_metadata()

@@ -1,0 +1,32 @@
+"""Processors, graphs and the delivery strategies (exactly-once by default)."""
+
+from cues_platform.processing.backing import BackingQueue, Range, Record, RecordType, Snapshot
+from cues_platform.processing.context import StepContext
+from cues_platform.processing.errors import (
+    GraphError,
+    ProcessingError,
+    ProcessorFencedError,
+    RecoveryError,
+    SimulatedCrash,
+    UnhandledStepError,
+)
+from cues_platform.processing.graph import (
+    Graph,
+    In,
+    Kind,
+    Options,
+    Out,
+    Processor,
+    QueueDef,
+    Strategy,
+)
+from cues_platform.processing.outputs import ERROR_SCHEMA
+from cues_platform.processing.runner import GraphRunner, ProcessorStats
+from cues_platform.processing.step import ExactlyOnceStepper, StepResult
+
+__all__ = [
+    "ERROR_SCHEMA", "BackingQueue", "ExactlyOnceStepper", "Graph", "GraphError", "GraphRunner", "In",
+    "Kind", "Options", "Out", "ProcessingError", "Processor", "ProcessorFencedError", "ProcessorStats",
+    "QueueDef", "Range", "Record", "RecordType", "RecoveryError", "SimulatedCrash", "Snapshot",
+    "StepContext", "StepResult", "Strategy", "UnhandledStepError",
+]

@@ -1,0 +1,178 @@
+"""The backing queue: a processor's hidden log of snapshots and attempts (seed 004).
+
+It is itself a cues queue (one partition, dense offsets) at ``{lake}/_cues/backing/{processor}``,
+so the last record is one O(1) read: offset ``next - 1``, found through file statistics.
+Every append carries the app transaction ``epoch``; a new instance of the processor commits a
+higher epoch (with an empty commit: no record), after which an older instance's appends fail
+their epoch check or conflict, so the backing queue has one writer at a time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError
+
+from cues_platform.processing.errors import ProcessorFencedError
+from cues_platform.queues import Lake, Queue
+from cues_platform.queues.appender import append_batches
+
+EPOCH_APP_ID = "epoch"
+SCHEMA = pa.schema([
+    pa.field("type", pa.string(), nullable=False),
+    pa.field("step", pa.int64(), nullable=False),
+    pa.field("epoch", pa.int64(), nullable=False),
+    pa.field("hash", pa.string(), nullable=False),
+    pa.field("snapshot", pa.string(), nullable=False),
+    pa.field("outputs", pa.string(), nullable=True),
+    pa.field("error", pa.string(), nullable=True),
+])
+
+
+class RecordType(StrEnum):
+    SNAPSHOT = "snapshot"
+    ATTEMPT_OUTPUT = "attempt_output"
+    ATTEMPT_ERROR = "attempt_error"
+    ATTEMPT_NIL = "attempt_nil"
+
+
+@dataclass(frozen=True)
+class Range:
+    queue: str
+    partition: str
+    start: int
+    end: int  # exclusive
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The input ranges of one step (and, for alts, the binding it reads)."""
+
+    processor: str
+    step: int
+    inputs: Mapping[str, Range]
+    alts: str | None = None
+
+    def canonical(self) -> bytes:
+        body = {"processor": self.processor, "step": self.step, "alts": self.alts,
+                "inputs": {b: [r.queue, r.partition, r.start, r.end] for b, r in sorted(self.inputs.items())}}
+        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+    @property
+    def delivery_hash(self) -> str:
+        """128-bit BLAKE2b of the canonical encoding: the same on every retry of the step."""
+        return hashlib.blake2b(self.canonical(), digest_size=16).hexdigest()
+
+    def to_json(self) -> str:
+        return self.canonical().decode()
+
+    @classmethod
+    def from_json(cls, text: str) -> Snapshot:
+        body = json.loads(text)
+        return cls(processor=body["processor"], step=body["step"], alts=body["alts"],
+                   inputs={b: Range(*v) for b, v in body["inputs"].items()})
+
+    @property
+    def rows(self) -> int:
+        return sum(r.size for r in self.inputs.values())
+
+
+@dataclass(frozen=True)
+class Record:
+    type: RecordType
+    snapshot: Snapshot
+    epoch: int
+    outputs: Mapping[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    offset: int = -1
+
+    @property
+    def step(self) -> int:
+        return self.snapshot.step
+
+    @property
+    def hash(self) -> str:
+        return self.snapshot.delivery_hash
+
+    @property
+    def is_attempt(self) -> bool:
+        return self.type is not RecordType.SNAPSHOT
+
+
+def _row(record: Record) -> dict[str, list[Any]]:
+    return {"type": [record.type.value], "step": [record.step], "epoch": [record.epoch],
+            "hash": [record.hash], "snapshot": [record.snapshot.to_json()],
+            "outputs": [json.dumps(record.outputs, sort_keys=True) if record.outputs else None],
+            "error": [record.error]}
+
+
+def _from_row(row: Mapping[str, Any]) -> Record:
+    return Record(type=RecordType(row["type"]), snapshot=Snapshot.from_json(row["snapshot"]),
+                  epoch=row["epoch"], outputs=json.loads(row["outputs"]) if row["outputs"] else {},
+                  error=row["error"], offset=row["_offset"])
+
+
+class BackingQueue:
+    def __init__(self, lake: Lake, processor_id: str) -> None:
+        self.processor_id = processor_id
+        self.queue: Queue = lake.create_queue(
+            processor_id, schema=SCHEMA, partitions=("0",), exist_ok=True,
+            uri=lake.system_uri("backing", processor_id),
+            description=f"backing queue of processor {processor_id}")
+
+    def epoch(self, dt: DeltaTable | None = None) -> int:
+        version = (dt or self.queue.refresh()).transaction_version(EPOCH_APP_ID)
+        return -1 if version is None else int(version)
+
+    def fence(self) -> int:
+        """Start a new epoch (fencing every older instance) and return it."""
+        for _ in range(200):
+            dt = self.queue.refresh()
+            new = self.epoch(dt) + 1
+            try:
+                write_deltalake(dt, self.queue.table_schema.empty_table(), mode="append",
+                                commit_properties=CommitProperties(
+                                    app_transactions=[Transaction(EPOCH_APP_ID, new)],
+                                    custom_metadata={"cues.epoch": str(new)}))
+                return new
+            except CommitFailedError:
+                continue
+        raise ProcessorFencedError(f"processor {self.processor_id!r}: could not start a new epoch; "
+                                   "another instance keeps starting", processor=self.processor_id)
+
+    def append(self, record: Record) -> Record:
+        def guard(dt: DeltaTable) -> None:
+            current = self.epoch(dt)
+            if current != record.epoch:
+                raise ProcessorFencedError(
+                    f"processor {self.processor_id!r}: epoch {record.epoch} was fenced by a newer "
+                    f"instance (epoch {current}); this instance stops without delivering step {record.step}",
+                    processor=self.processor_id, epoch=record.epoch, newest=current, step=record.step)
+
+        result = append_batches(self.queue, {"0": _row(record)}, guards=[guard],
+                                app_transactions=[(EPOCH_APP_ID, record.epoch)],
+                                message_type=record.type.value, delivery_hash=record.hash,
+                                commit_metadata={"cues.step": str(record.step)})
+        return Record(record.type, record.snapshot, record.epoch, record.outputs, record.error,
+                      result.first_offset)
+
+    def last_record(self) -> Record | None:
+        """The newest record, read in O(1) whatever the history's length."""
+        last = self.queue.last_offset("0")
+        if last is None:
+            return None
+        return _from_row(self.queue.read_arrow(partition="0", start=last, end=last + 1).to_pylist()[0])
+
+    def records(self, *, start: int = 0) -> list[Record]:
+        return [_from_row(r) for r in self.queue.read_arrow(partition="0", start=start).to_pylist()]

@@ -1,0 +1,222 @@
+"""Graphs: processors, the queues between them, options — validated when built.
+
+A processor binds names to queue partitions: ``inputs={"orders": In("orders", "0")}`` and
+``outputs={"out": Out("enriched", "0")}`` (or ``Out("results", partition_column="sender")`` to
+route rows by a column). Kinds follow Cues: source, map, join, alts, fork, sink, imperative.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import pyarrow as pa
+
+from cues_platform.processing.errors import GraphError
+from cues_platform.queues.names import validate_name, validate_partition
+
+
+class Kind(StrEnum):
+    SOURCE = "source"
+    MAP = "map"
+    JOIN = "join"
+    ALTS = "alts"
+    FORK = "fork"
+    SINK = "sink"
+    IMPERATIVE = "imperative"
+
+
+class Strategy(StrEnum):
+    EXACTLY_ONCE = "exactly_once"
+    AT_LEAST_ONCE = "at_least_once"
+    AT_MOST_ONCE = "at_most_once"
+
+
+@dataclass(frozen=True)
+class QueueDef:
+    name: str
+    schema: pa.Schema
+    partitions: tuple[str, ...] = ("0",)
+    contract: Any = None  # an optional pandera schema (checked by the Dagster layer)
+
+
+@dataclass(frozen=True)
+class In:
+    queue: str
+    partition: str = "0"
+
+
+@dataclass(frozen=True)
+class Out:
+    queue: str
+    partition: str | None = "0"
+    partition_column: str | None = None  # route each row by this payload column instead
+
+
+@dataclass(frozen=True)
+class Options:
+    batch_size: int = 10_000
+    poll_interval: float = 0.5
+    strategy: Strategy = Strategy.EXACTLY_ONCE
+
+
+@dataclass(frozen=True)
+class Processor:
+    id: str
+    kind: Kind
+    fn: Callable[..., Any]
+    inputs: Mapping[str, In] = field(default_factory=dict)
+    outputs: Mapping[str, Out] = field(default_factory=dict)
+    error_queue: str | None = None
+    options: Options = field(default_factory=Options)
+    description: str = ""
+
+    @property
+    def strategy(self) -> Strategy:
+        return self.options.strategy
+
+    @property
+    def doc(self) -> str:
+        return self.description or inspect.getdoc(self.fn) or ""
+
+
+@dataclass(frozen=True)
+class Graph:
+    """Processors and queues, validated on construction."""
+
+    name: str
+    queues: Mapping[str, QueueDef]
+    processors: Mapping[str, Processor]
+    error_queue: str | None = None
+    options: Options = field(default_factory=Options)
+
+    def __post_init__(self) -> None:
+        validate_graph(self)
+
+    @classmethod
+    def build(cls, *, name: str, queues: Sequence[QueueDef], processors: Sequence[Processor],
+              error_queue: str | None = None, options: Options | None = None) -> Graph:
+        qs: dict[str, QueueDef] = {}
+        for q in queues:
+            if q.name in qs:
+                raise GraphError(f"graph {name!r}: queue {q.name!r} is declared twice", queue=q.name)
+            qs[q.name] = q
+        ps: dict[str, Processor] = {}
+        for p in processors:
+            if p.id in ps:
+                raise GraphError(f"graph {name!r}: processor id {p.id!r} is used twice", processor=p.id)
+            ps[p.id] = p
+        return cls(name=name, queues=qs, processors=ps, error_queue=error_queue, options=options or Options())
+
+    def error_queue_of(self, processor: Processor) -> str | None:
+        return processor.error_queue or self.error_queue
+
+    def producers_of(self, queue: str) -> list[str]:
+        return [p.id for p in self.processors.values() if any(o.queue == queue for o in p.outputs.values())]
+
+    def topological_order(self) -> list[str]:
+        order, state = [], {}
+
+        def visit(pid: str, path: list[str]) -> None:
+            if state.get(pid) == 2:
+                return
+            if state.get(pid) == 1:
+                cycle = " -> ".join([*path[path.index(pid):], pid])
+                raise GraphError(f"graph {self.name!r} has a cycle: {cycle}", processor=pid)
+            state[pid] = 1
+            for binding in self.processors[pid].inputs.values():
+                for upstream in self.producers_of(binding.queue):
+                    visit(upstream, [*path, pid])
+            state[pid] = 2
+            order.append(pid)
+
+        for pid in self.processors:
+            visit(pid, [])
+        return order
+
+    def mermaid(self) -> str:
+        """The topology as a Mermaid flowchart (queues as cylinders, processors as boxes)."""
+        lines = ["flowchart LR"]
+        for q in self.queues.values():
+            lines.append(f"  q_{q.name}[({q.name})]")
+        for p in self.processors.values():
+            lines.append(f"  p_{p.id}[{p.id}<br/><i>{p.kind.value}, {p.strategy.value}</i>]")
+            for binding, src in p.inputs.items():
+                lines.append(f"  q_{src.queue} -->|{binding}| p_{p.id}")
+            for binding, dst in p.outputs.items():
+                lines.append(f"  p_{p.id} -->|{binding}| q_{dst.queue}")
+            err = self.error_queue_of(p)
+            if err:
+                lines.append(f"  p_{p.id} -.->|errors| q_{err}")
+        return "\n".join(lines)
+
+
+_INPUTS = {Kind.SOURCE: (0, 0), Kind.MAP: (1, 1), Kind.JOIN: (2, None), Kind.ALTS: (2, None),
+           Kind.FORK: (1, None), Kind.SINK: (1, None), Kind.IMPERATIVE: (0, None)}
+_OUTPUTS = {Kind.SOURCE: (1, None), Kind.MAP: (1, 1), Kind.JOIN: (1, 1), Kind.ALTS: (1, 1),
+            Kind.FORK: (2, None), Kind.SINK: (0, 0), Kind.IMPERATIVE: (0, None)}
+
+
+def _count_ok(n: int, bounds: tuple[int, int | None]) -> bool:
+    lo, hi = bounds
+    return n >= lo and (hi is None or n <= hi)
+
+
+def validate_graph(graph: Graph) -> None:
+    validate_name(graph.name, kind="graph")
+    writers: dict[tuple[str, str | None], str] = {}
+    for q in graph.queues.values():
+        validate_name(q.name)
+        for part in q.partitions:
+            validate_partition(part)
+    for name in filter(None, [graph.error_queue]):
+        if name not in graph.queues:
+            raise GraphError(f"graph {graph.name!r}: error queue {name!r} is not a declared queue", queue=name)
+    for p in graph.processors.values():
+        validate_name(p.id, kind="processor")
+        where = f"processor {p.id!r} ({p.kind.value})"
+        if not _count_ok(len(p.inputs), _INPUTS[p.kind]):
+            raise GraphError(f"{where}: has {len(p.inputs)} input binding(s); a {p.kind.value} takes "
+                             f"{_bounds_text(_INPUTS[p.kind])}", processor=p.id)
+        if not _count_ok(len(p.outputs), _OUTPUTS[p.kind]):
+            raise GraphError(f"{where}: has {len(p.outputs)} output binding(s); a {p.kind.value} takes "
+                             f"{_bounds_text(_OUTPUTS[p.kind])}", processor=p.id)
+        for binding, src in [*p.inputs.items(), *p.outputs.items()]:
+            if src.queue not in graph.queues:
+                raise GraphError(f"{where}: binding {binding!r} names unknown queue {src.queue!r}; "
+                                 f"declare it in the graph's queues", processor=p.id, binding=binding)
+        for binding, src in p.inputs.items():
+            if src.partition not in graph.queues[src.queue].partitions:
+                raise GraphError(f"{where}: input {binding!r} reads partition {src.partition!r}, which "
+                                 f"queue {src.queue!r} does not declare", processor=p.id, binding=binding)
+        for binding, dst in p.outputs.items():
+            qdef = graph.queues[dst.queue]
+            if dst.partition_column is None and dst.partition not in qdef.partitions:
+                raise GraphError(f"{where}: output {binding!r} writes partition {dst.partition!r}, which "
+                                 f"queue {dst.queue!r} does not declare", processor=p.id, binding=binding)
+            if dst.partition_column is not None and dst.partition_column not in qdef.schema.names:
+                raise GraphError(f"{where}: output {binding!r} routes by column {dst.partition_column!r}, "
+                                 f"which queue {dst.queue!r} does not have", processor=p.id, binding=binding)
+            key = (dst.queue, None if dst.partition_column else dst.partition)
+            other = writers.get(key) or writers.get((dst.queue, None))
+            if other and other != p.id:
+                raise GraphError(f"{where}: output {binding!r} writes {dst.queue!r}, which processor "
+                                 f"{other!r} already writes; give each output queue one writer",
+                                 processor=p.id, binding=binding)
+            writers[key] = p.id
+        err = graph.error_queue_of(p)
+        if err and err not in graph.queues:
+            raise GraphError(f"{where}: error queue {err!r} is not a declared queue", processor=p.id)
+        if p.options.batch_size < 1:
+            raise GraphError(f"{where}: batch_size must be >= 1", processor=p.id)
+    graph.topological_order()
+
+
+def _bounds_text(bounds: tuple[int, int | None]) -> str:
+    lo, hi = bounds
+    if hi is None:
+        return f"at least {lo}"
+    return f"exactly {lo}" if lo == hi else f"{lo} to {hi}"

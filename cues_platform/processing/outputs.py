@@ -1,0 +1,160 @@
+"""Turning a function's result into prepared (staged) outputs, and committing them.
+
+Preparing materializes the result once (Spark -> Arrow on the driver), conforms it to each output
+queue's contract, splits it by partition and writes it as Parquet files under
+``{lake}/_cues/staging/{processor}/{step}``. Committing appends a staged output to its queue in
+one Delta commit that carries the step's delivery hash in its rows and the processor's app
+transaction ``proc:{processor} = step``; a commit of a step that the queue already has is a
+no-op, so a roll-forward can never deliver twice.
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+from pyarrow import fs
+
+from cues_platform.processing.backing import Snapshot
+from cues_platform.processing.graph import Out
+from cues_platform.queues import Lake, Queue
+from cues_platform.queues.appender import AppendResult, append_batches
+from cues_platform.queues.errors import SchemaError
+from cues_platform.queues.names import join_uri
+from cues_platform.queues.schema import conform
+
+ERROR_SCHEMA = pa.schema([
+    pa.field("processor", pa.string(), nullable=False),
+    pa.field("step", pa.int64(), nullable=False),
+    pa.field("inputs", pa.string(), nullable=False),
+    pa.field("exception_type", pa.string(), nullable=False),
+    pa.field("message", pa.string(), nullable=False),
+    pa.field("traceback", pa.string(), nullable=False),
+    pa.field("failed_at", pa.timestamp("us", tz="UTC"), nullable=False),
+])
+
+Staged = dict[str, dict[str, str]]  # queue -> partition -> staged file URI
+
+
+def proc_app_id(processor_id: str) -> str:
+    return f"proc:{processor_id}"
+
+
+def to_arrow(value: Any) -> pa.Table:
+    if isinstance(value, pa.Table):
+        return value
+    if hasattr(value, "toArrow"):  # a Spark DataFrame (classic or Connect)
+        return value.toArrow()
+    if hasattr(value, "to_dict") and hasattr(value, "columns"):  # pandas
+        return pa.Table.from_pandas(value, preserve_index=False)
+    return pa.table(value)
+
+
+def split_outputs(result: Any, outputs: Mapping[str, Out], *, processor: str) -> dict[str, Any]:
+    """Map a function's return value to ``{binding: value}`` (None: no output)."""
+    if result is None:
+        return {}
+    if isinstance(result, Mapping):
+        unknown = sorted(set(result) - set(outputs))
+        if unknown:
+            raise SchemaError(f"processor {processor!r} returned outputs {unknown}, which it does not "
+                              f"bind; its outputs are {sorted(outputs)}", processor=processor)
+        return {b: v for b, v in result.items() if v is not None}
+    if len(outputs) != 1:
+        raise SchemaError(f"processor {processor!r} has {len(outputs)} outputs: return a dict "
+                          f"{{binding: DataFrame}} with keys from {sorted(outputs)}", processor=processor)
+    return {next(iter(outputs)): result}
+
+
+def partitioned(table: pa.Table, out: Out, queue: Queue) -> dict[str, pa.Table]:
+    if out.partition_column is None:
+        return {out.partition: table}  # type: ignore[dict-item]
+    parts: dict[str, pa.Table] = {}
+    for value in pc.unique(table[out.partition_column]).to_pylist():
+        part = queue.check_partition(str(value))
+        parts[part] = table.filter(pc.equal(table[out.partition_column], value))
+    return parts
+
+
+def stage(lake: Lake, queues: Mapping[str, Queue], snapshot: Snapshot,
+          tables: Mapping[str, Mapping[str, pa.Table]]) -> tuple[Staged, dict[str, dict[str, int]]]:
+    """Step 3: write each (queue, partition) table as a staged Parquet file."""
+    base = join_uri(lake.system_uri("staging", snapshot.processor), f"{snapshot.step:012d}-{snapshot.delivery_hash[:8]}")
+    filesystem, root = fs.FileSystem.from_uri(base) if "://" in base else (fs.LocalFileSystem(), base)
+    filesystem.create_dir(root, recursive=True)
+    staged: Staged = {}
+    counts: dict[str, dict[str, int]] = {}
+    for qname, parts in tables.items():
+        for part, table in parts.items():
+            if table.num_rows == 0:
+                continue
+            path = f"{root}/{qname}--{part}.parquet"
+            pq.write_table(conform(table, queues[qname].payload_schema, queue=qname,
+                                   max_rows=queues[qname].max_batch_rows), path, filesystem=filesystem)
+            staged.setdefault(qname, {})[part] = path
+            counts.setdefault(qname, {})[part] = table.num_rows
+    return staged, counts
+
+
+def error_table(snapshot: Snapshot, exc: BaseException) -> pa.Table:
+    inputs = json.dumps({b: [r.queue, r.partition, r.start, r.end] for b, r in snapshot.inputs.items()})
+    return pa.table({
+        "processor": [snapshot.processor], "step": [snapshot.step], "inputs": [inputs],
+        "exception_type": [f"{type(exc).__module__}.{type(exc).__qualname__}"],
+        "message": [str(exc)[:10_000]],
+        "traceback": ["".join(traceback.format_exception(exc))[-20_000:]],
+        "failed_at": [datetime.now(UTC)],
+    }, schema=ERROR_SCHEMA)
+
+
+def delivered_to(queue: Queue, processor: str, step: int, dt: DeltaTable | None = None) -> bool:
+    version = (dt or queue.refresh()).transaction_version(proc_app_id(processor))
+    return version is not None and int(version) >= step
+
+
+def commit_staged(lake: Lake, queue: Queue, snapshot: Snapshot, files: Mapping[str, str],
+                  *, message_type: str = "message") -> AppendResult:
+    """Step 5: append one queue's staged files in one commit, at most once per step."""
+    processor, step = snapshot.processor, snapshot.step
+
+    def guard(dt: DeltaTable) -> AppendResult | None:
+        if delivered_to(queue, processor, step, dt):
+            return AppendResult(queue=queue.name, ranges={}, duplicate=True)
+        return None
+
+    if delivered_to(queue, processor, step):
+        return AppendResult(queue=queue.name, ranges={}, duplicate=True)
+    tables = {}
+    for part, path in files.items():
+        filesystem, p = fs.FileSystem.from_uri(path) if "://" in path else (fs.LocalFileSystem(), path)
+        tables[part] = pq.read_table(p, filesystem=filesystem)
+    return append_batches(queue, tables, guards=[guard], prepared=True,
+                          app_transactions=[(proc_app_id(processor), step)],
+                          delivery_hash=snapshot.delivery_hash, message_type=message_type,
+                          commit_metadata={"cues.processor": processor, "cues.step": str(step)})
+
+
+def remove_staging(lake: Lake, snapshot: Snapshot) -> None:
+    base = join_uri(lake.system_uri("staging", snapshot.processor), f"{snapshot.step:012d}-{snapshot.delivery_hash[:8]}")
+    filesystem, root = fs.FileSystem.from_uri(base) if "://" in base else (fs.LocalFileSystem(), base)
+    if filesystem.get_file_info(root).type != fs.FileType.NotFound:
+        filesystem.delete_dir(root)
+
+
+def commit_unguarded(queue: Queue, snapshot: Snapshot, files: Mapping[str, str], *,
+                     message_type: str = "message") -> AppendResult:
+    """The at-least/at-most-once commit: no step check (a re-run appends again)."""
+    tables = {}
+    for part, path in files.items():
+        filesystem, p = fs.FileSystem.from_uri(path) if "://" in path else (fs.LocalFileSystem(), path)
+        tables[part] = pq.read_table(p, filesystem=filesystem)
+    return append_batches(queue, tables, prepared=True, delivery_hash=snapshot.delivery_hash,
+                          message_type=message_type,
+                          commit_metadata={"cues.processor": snapshot.processor, "cues.step": str(snapshot.step)})

@@ -1,0 +1,161 @@
+"""Running a graph: recovery, then steps, in one process.
+
+``GraphRunner.run_until_idle`` is what a Dagster materialization and the tests use; ``run`` is
+the continuous runner of ``cues run``: it polls each processor's inputs with exponential backoff
+(up to the processor's ``poll_interval``), stops gracefully on SIGTERM / Ctrl-C (the step in
+flight finishes or, if killed, is recovered on the next start) and shows progress with rich.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cues_platform.processing.graph import Graph
+from cues_platform.processing.sources import SourceStepper, is_source_like
+from cues_platform.processing.step import Hook, StepBase, StepResult
+from cues_platform.processing.strategies import make_stepper
+from cues_platform.queues import Lake
+
+
+@dataclass
+class ProcessorStats:
+    steps: int = 0
+    rows_in: int = 0
+    rows_out: int = 0
+    errors: int = 0
+    recovered: int = 0
+    last: StepResult | None = None
+    results: list[StepResult] = field(default_factory=list)
+
+    def add(self, result: StepResult, *, keep: bool) -> None:
+        self.steps += 1
+        self.rows_in += result.rows_in
+        self.rows_out += sum(result.rows_out.values())
+        self.errors += result.outcome == "error"
+        self.recovered += result.recovered
+        self.last = result
+        if keep:
+            self.results.append(result)
+
+
+def create_queues(graph: Graph, lake: Lake) -> None:
+    for q in graph.queues.values():
+        lake.create_queue(q.name, schema=q.schema, partitions=q.partitions, exist_ok=True)
+
+
+class GraphRunner:
+    def __init__(self, *, graph: Graph, lake: Lake, spark: Any = None,
+                 resources: Mapping[str, Any] | None = None, hook: Hook | None = None,
+                 only: list[str] | None = None, keep_results: bool = True) -> None:
+        self.graph, self.lake, self.keep_results = graph, lake, keep_results
+        create_queues(graph, lake)
+        if spark is None:
+            from cues_platform.spark import get_spark
+
+            spark = get_spark()
+        self.steppers: dict[str, StepBase] = {}
+        for pid in graph.topological_order():
+            if only is not None and pid not in only:
+                continue
+            proc = graph.processors[pid]
+            kwargs = dict(graph=graph, processor=proc, lake=lake, spark=spark, resources=resources, hook=hook)
+            self.steppers[pid] = SourceStepper(**kwargs) if is_source_like(proc.kind) else make_stepper(**kwargs)
+        self.stats = {pid: ProcessorStats() for pid in self.steppers}
+        self.stop_event = threading.Event()
+        self._recovered = False
+
+    def recover(self) -> None:
+        for pid, stepper in self.steppers.items():
+            result = stepper.recover()
+            if result is not None:
+                self.stats[pid].add(result, keep=self.keep_results)
+        self._recovered = True
+
+    def step_once(self, pid: str) -> StepResult | None:
+        if not self._recovered:
+            self.recover()
+        result = self.steppers[pid].step()
+        if result is not None:
+            self.stats[pid].add(result, keep=self.keep_results)
+        return result
+
+    def run_until_idle(self, *, max_steps: int | None = None) -> dict[str, ProcessorStats]:
+        """Step every processor (upstream first) until none has work or ``max_steps`` is hit."""
+        if not self._recovered:
+            self.recover()
+        total = 0
+        while not self.stop_event.is_set():
+            progressed = False
+            for pid in self.steppers:
+                if max_steps is not None and total >= max_steps:
+                    return self.stats
+                if self.step_once(pid) is not None:
+                    progressed, total = True, total + 1
+            if not progressed:
+                break
+        return self.stats
+
+    def run(self, *, show_progress: bool = True, idle_exit: float | None = None) -> dict[str, ProcessorStats]:
+        """The continuous runner: until SIGTERM/SIGINT (or ``idle_exit`` seconds with no work)."""
+        handlers = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                handlers[sig] = signal.signal(sig, lambda *_: self.stop_event.set())
+        try:
+            if not self._recovered:
+                self.recover()
+            delays = {pid: 0.01 for pid in self.steppers}
+            due = dict.fromkeys(self.steppers, 0.0)
+            idle_since = time.monotonic()
+            live = _live(self) if show_progress else None
+            with live or _nullcontext():
+                while not self.stop_event.is_set():
+                    now = time.monotonic()
+                    for pid in self.steppers:
+                        if self.stop_event.is_set() or due[pid] > now:
+                            continue
+                        if self.step_once(pid) is not None:
+                            delays[pid], due[pid], idle_since = 0.01, 0.0, time.monotonic()
+                        else:
+                            cap = self.steppers[pid].processor.options.poll_interval
+                            delays[pid] = min(delays[pid] * 2, cap)
+                            due[pid] = time.monotonic() + delays[pid]
+                    if live is not None:
+                        live.update(_table(self))
+                    if idle_exit is not None and time.monotonic() - idle_since > idle_exit:
+                        break
+                    self.stop_event.wait(max(0.0, min(due.values()) - time.monotonic()))
+        finally:
+            for sig, old in handlers.items():
+                signal.signal(sig, old)
+        return self.stats
+
+
+class _nullcontext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _table(runner: GraphRunner) -> Any:
+    from rich.table import Table
+
+    table = Table("processor", "kind", "strategy", "steps", "rows in", "rows out", "errors", "recovered")
+    for pid, s in runner.stats.items():
+        p = runner.graph.processors[pid]
+        table.add_row(pid, p.kind.value, p.strategy.value, str(s.steps), f"{s.rows_in:,}",
+                      f"{s.rows_out:,}", str(s.errors), str(s.recovered))
+    return table
+
+
+def _live(runner: GraphRunner) -> Any:
+    from rich.live import Live
+
+    return Live(_table(runner), refresh_per_second=4, transient=False)

@@ -1,0 +1,237 @@
+"""The exactly-once step protocol and its recovery (seed 004 adapted to batches on Delta).
+
+Persistence, on every step (``ExactlyOnceStepper.step``):
+
+1. Snapshot: take the input ranges ``[start, end)`` of this step (for alts: the binding chosen)
+   and append them to the backing queue; on a retry, reuse the recorded snapshot instead.
+2. Read the ranges as Spark DataFrames and run the function. Exceptions (and contract breaks in
+   step 3) are *handled* when an error queue is configured: the step's output becomes one error
+   row. Otherwise they stop the processor (:class:`UnhandledStepError`), nothing is delivered, and
+   the next start retries the same snapshot.
+3. Prepare: materialize the result once, conform it to the output contracts, write staged files.
+4. Attempt: append what was prepared (staged files and row counts per queue, or nil).
+   From here on the step's outcome is fixed: recovery rolls it forward, never recomputes it, so
+   a fork's outputs end all delivered even with a non-deterministic function.
+5. Commit each output queue in one Delta commit carrying the delivery hash in its rows and the
+   app transaction ``proc:{processor} = step``; a queue that already has the step is skipped.
+6. Advance to the snapshot's ends; the next step starts there.
+
+Recovery, once on start (``recover``), reads only the last backing record (O(1) in history):
+no record → step 0 from offset 0; a snapshot → retry it (its alts binding included); an attempt →
+commit whatever output queue lacks the step (from the staged files), then go on after it.
+Recovery is idempotent: a crash inside it is recovered from by the next start. It begins by
+fencing: a new epoch makes every older instance's next backing write fail.
+
+Off by one: ``step`` numbers from 0; ``proc:{processor}`` holds the last *delivered* step, so a
+queue has step n iff its version >= n. A nil attempt is delivered by its backing record alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cues_platform.processing.backing import BackingQueue, Range, Record, RecordType, Snapshot
+from cues_platform.processing.context import StepContext
+from cues_platform.processing.errors import RecoveryError, UnhandledStepError
+from cues_platform.processing.graph import Graph, Kind, Processor
+from cues_platform.processing.outputs import (
+    commit_staged,
+    delivered_to,
+    error_table,
+    partitioned,
+    remove_staging,
+    split_outputs,
+    stage,
+    to_arrow,
+)
+from cues_platform.queues import Lake, Queue
+from cues_platform.queues.errors import QueueError
+from cues_platform.queues.reader import execute_spark, plan_read
+
+Hook = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step: int
+    delivery_hash: str
+    outcome: str  # "output" | "error" | "nil"
+    inputs: Mapping[str, Range]
+    rows_in: int
+    rows_out: Mapping[str, int] = field(default_factory=dict)
+    error: str | None = None
+    recovered: bool = False
+
+
+class StepBase:
+    """Shared by every strategy: the graph, queues, input planning and running the function."""
+
+    def __init__(self, *, graph: Graph, processor: Processor, lake: Lake, spark: Any = None,
+                 resources: Mapping[str, Any] | None = None, hook: Hook | None = None) -> None:
+        self.graph, self.processor, self.lake, self.spark = graph, processor, lake, spark
+        self.resources = dict(resources or {})
+        self.hook: Hook = hook or (lambda _point: None)
+        names = {b.queue for b in [*processor.inputs.values(), *processor.outputs.values()]}
+        self.error_queue_name = graph.error_queue_of(processor)
+        if self.error_queue_name:
+            names.add(self.error_queue_name)
+        self.queues: dict[str, Queue] = {n: lake.queue(n) for n in names}
+        self.positions: dict[str, int] = dict.fromkeys(processor.inputs, 0)
+        self.next_step = 0
+        self._alts_cursor = 0
+
+    def plan_snapshot(self) -> Snapshot | None:
+        """Ranges for the next step from the current positions, or None when there is no work."""
+        batch = self.processor.options.batch_size
+        ranges = {}
+        for binding, src in self.processor.inputs.items():
+            start = self.positions[binding]
+            plan = plan_read(self.queues[src.queue], partition=src.partition, start=start, end=start + batch)
+            ranges[binding] = Range(src.queue, src.partition, start, plan.end)
+        alts = None
+        if self.processor.kind is Kind.ALTS:
+            order = list(ranges)
+            order = order[self._alts_cursor:] + order[:self._alts_cursor]
+            alts = next((b for b in order if ranges[b].size), None)
+            if alts is None:
+                return None
+            self._alts_cursor = (list(ranges).index(alts) + 1) % len(ranges)
+            ranges = {b: r if b == alts else Range(r.queue, r.partition, r.start, r.start)
+                      for b, r in ranges.items()}
+        elif not ranges or not all(r.size for r in ranges.values()):
+            return None  # map/fork/sink/join wait until every input has data
+        return Snapshot(self.processor.id, self.next_step, ranges, alts)
+
+    def context(self, snapshot: Snapshot) -> StepContext:
+        return StepContext(self.processor.id, snapshot.step, snapshot.delivery_hash, self.processor.options,
+                           self.lake, self.spark, self.resources, dict(snapshot.inputs))
+
+    def run_function(self, snapshot: Snapshot) -> Any:
+        frames = {}
+        for binding, r in snapshot.inputs.items():
+            plan = plan_read(self.queues[r.queue], partition=r.partition, start=r.start, end=r.end)
+            frames[binding] = execute_spark(self.queues[r.queue], self.spark, plan)
+        self.hook("after_read")
+        return self.processor.fn(self.context(snapshot), **frames)
+
+    def prepare(self, snapshot: Snapshot, result: Any) -> tuple[dict, dict]:
+        if self.processor.kind is Kind.SINK:
+            return {}, {}
+        by_binding = split_outputs(result, self.processor.outputs, processor=self.processor.id)
+        tables: dict[str, dict] = {}
+        for binding, value in by_binding.items():
+            out = self.processor.outputs[binding]
+            table = to_arrow(value)
+            if table.num_rows:
+                for part, t in partitioned(table, out, self.queues[out.queue]).items():
+                    tables.setdefault(out.queue, {})[part] = t
+        return stage(self.lake, self.queues, snapshot, tables)
+
+    def handled(self, snapshot: Snapshot, exc: Exception) -> tuple[dict, dict]:
+        """A handled failure: stage one error row for the error queue, or stop the processor."""
+        if not self.error_queue_name:
+            raise UnhandledStepError(
+                f"processor {self.processor.id!r} failed on step {snapshot.step} "
+                f"({type(exc).__name__}: {exc}) and has no error queue; fix the cause and restart: "
+                "the same input ranges will be retried", processor=self.processor.id,
+                step=snapshot.step, delivery_hash=snapshot.delivery_hash) from exc
+        return stage(self.lake, self.queues, snapshot, {self.error_queue_name: {"0": error_table(snapshot, exc)}})
+
+    def advance(self, snapshot: Snapshot) -> None:
+        for binding, r in snapshot.inputs.items():
+            self.positions[binding] = r.end
+        self.next_step = snapshot.step + 1
+
+
+class ExactlyOnceStepper(StepBase):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.backing = BackingQueue(self.lake, self.processor.id)
+        self.epoch = -1
+        self.pending: Snapshot | None = None
+
+    def recover(self) -> StepResult | None:
+        """Fence older instances and resolve the last backing record. Returns the rolled-forward
+        step, if any."""
+        self.epoch = self.backing.fence()
+        self.hook("recovery_fenced")
+        last = self.backing.last_record()
+        self.pending = None
+        if last is None:
+            self.positions, self.next_step = dict.fromkeys(self.processor.inputs, 0), 0
+            return None
+        if last.type is RecordType.SNAPSHOT:
+            self.pending = last.snapshot  # retry the same ranges (and the same alts binding)
+            self.next_step = last.step
+            self.positions = {b: r.start for b, r in last.snapshot.inputs.items()}
+            return None
+        result = self.deliver(last, recovered=True)
+        self.advance(last.snapshot)
+        return result
+
+    def deliver(self, attempt: Record, *, recovered: bool = False) -> StepResult:
+        """Step 5 for every output queue of the attempt (idempotent: the roll-forward)."""
+        snapshot = attempt.snapshot
+        files: dict[str, dict[str, str]] = attempt.outputs.get("files", {})
+        for i, (qname, parts) in enumerate(sorted(files.items())):
+            queue = self.queues.get(qname) or self.lake.queue(qname)
+            if not delivered_to(queue, self.processor.id, snapshot.step):
+                try:
+                    commit_staged(self.lake, queue, snapshot, parts,
+                                  message_type="error" if attempt.type is RecordType.ATTEMPT_ERROR else "message")
+                except (FileNotFoundError, OSError) as exc:
+                    raise RecoveryError(
+                        f"processor {self.processor.id!r}: staged output of step {snapshot.step} for "
+                        f"queue {qname!r} is gone ({exc}); it cannot be rolled forward",
+                        processor=self.processor.id, step=snapshot.step, queue=qname) from exc
+            if i < len(files) - 1:
+                self.hook("between_commits")
+        remove_staging(self.lake, snapshot)
+        outcome = {RecordType.ATTEMPT_OUTPUT: "output", RecordType.ATTEMPT_ERROR: "error"}.get(attempt.type, "nil")
+        rows = {q: sum(p.values()) for q, p in attempt.outputs.get("rows", {}).items()}
+        return StepResult(snapshot.step, snapshot.delivery_hash, outcome, snapshot.inputs, snapshot.rows,
+                          rows, attempt.error, recovered)
+
+    def step(self) -> StepResult | None:
+        self.hook("before_snapshot")
+        # Step 1
+        snapshot = self.pending
+        if snapshot is None:
+            snapshot = self.plan_snapshot()
+            if snapshot is None:
+                return None
+            self.backing.append(Record(RecordType.SNAPSHOT, snapshot, self.epoch))
+            self.pending = snapshot
+        self.hook("after_snapshot")
+        # Step 2 and Step 3
+        error: str | None = None
+        try:
+            result = self.run_function(snapshot)
+            self.hook("after_function")
+            staged, counts = self.prepare(snapshot, result)
+            kind = RecordType.ATTEMPT_OUTPUT if staged else RecordType.ATTEMPT_NIL
+        except Exception as exc:  # noqa: BLE001 - user code: handled per the contract above
+            if isinstance(exc, QueueError) and not _is_contract_error(exc):
+                raise
+            staged, counts = self.handled(snapshot, exc)
+            kind, error = RecordType.ATTEMPT_ERROR, f"{type(exc).__name__}: {exc}"
+        self.hook("after_prepare")
+        # Step 4
+        attempt = self.backing.append(Record(kind, snapshot, self.epoch,
+                                             {"files": staged, "rows": counts} if staged else {}, error))
+        self.hook("after_attempt")
+        # Step 5
+        result_ = self.deliver(attempt)
+        self.hook("after_commit")
+        # Step 6
+        self.pending = None
+        self.advance(snapshot)
+        return result_
+
+
+def _is_contract_error(exc: QueueError) -> bool:
+    from cues_platform.queues.errors import BatchError, SchemaError, UnknownPartitionError
+
+    return isinstance(exc, SchemaError | BatchError | UnknownPartitionError)
