@@ -1,0 +1,208 @@
+"""Processor benchmarks (issue 3): strategies side by side, protocol overhead, recovery, memory.
+
+Run: ``.venv/bin/python bench/bench_processors.py [--quick]`` -> bench/results/processors.json
+
+1. The same graph (map -> join -> fork) under each strategy at 1k / 10k / 100k / 1M messages
+   per step; strategies interleaved in each round so the ratio exactly_once / at_least_once is
+   measured side by side; medians over rounds.
+2. Fixed per-step overhead of the exactly-once protocol: p50 of the time spent in the backing
+   queue records and the commit guard per step (measured with the step hooks), next to the p50
+   step time of both strategies at a tiny batch.
+3. Recovery time after 10 vs 10,000 backing records.
+4. Peak driver (Python process) memory for a 1M-message step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow as pa
+from pyspark.sql import functions as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine_info, median, percentile, write_json  # noqa: E402
+
+from cues_platform.processing import (  # noqa: E402
+    GraphRunner, Graph, In, Kind, Options, Out, Processor, QueueDef, Strategy,
+)
+from cues_platform.processing.backing import BackingQueue, Range, Record, RecordType, Snapshot  # noqa: E402
+from cues_platform.processing.runner import create_queues  # noqa: E402
+from cues_platform.processing.step import ExactlyOnceStepper  # noqa: E402
+from cues_platform.queues import Lake  # noqa: E402
+from cues_platform.spark import get_spark  # noqa: E402
+
+ORDERS = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("amount", pa.float64())])
+META = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("region", pa.int64())])
+JOINED = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("amount", pa.float64()),
+                    pa.field("region", pa.int64())])
+
+
+def convert(ctx, orders):
+    return orders.select("id", (F.col("amount") * 1.1).alias("amount"))
+
+
+def enrich(ctx, orders, meta):
+    return orders.select("id", "amount").join(meta.select("id", "region"), "id", "inner")
+
+
+def split(ctx, rows):
+    rows = rows.select("id", "amount", "region")
+    return {"even": rows.where(F.col("region") % 2 == 0), "odd": rows.where(F.col("region") % 2 == 1)}
+
+
+def graph(strategy: Strategy, batch: int) -> Graph:
+    opts = Options(batch_size=batch, strategy=strategy)
+    return Graph.build(name="bench", queues=[
+        QueueDef("orders", ORDERS), QueueDef("converted", ORDERS), QueueDef("meta", META),
+        QueueDef("joined", JOINED), QueueDef("even", JOINED), QueueDef("odd", JOINED)],
+        processors=[
+            Processor("convert", Kind.MAP, convert, {"orders": In("orders")}, {"out": Out("converted")}, options=opts),
+            Processor("enrich", Kind.JOIN, enrich, {"orders": In("converted"), "meta": In("meta")},
+                      {"out": Out("joined")}, options=opts),
+            Processor("split", Kind.FORK, split, {"rows": In("joined")},
+                      {"even": Out("even"), "odd": Out("odd")}, options=opts),
+        ])
+
+
+def fill(lake: Lake, g: Graph, total: int) -> None:
+    create_queues(g, lake)
+    chunk = 1_000_000
+    for start in range(0, total, chunk):
+        n = min(chunk, total - start)
+        ids = pa.array(range(start, start + n), pa.int64())
+        lake.queue("orders").append(pa.table({"id": ids, "amount": pa.array([1.0] * n)}), partition="0")
+        lake.queue("meta").append(pa.table({"id": ids, "region": pa.array([i % 7 for i in range(start, start + n)],
+                                                                           pa.int64())}), partition="0")
+
+
+def run_graph(spark, strategy: Strategy, batch: int, steps: int) -> dict:
+    root = tempfile.mkdtemp(prefix="cues-bench-")
+    try:
+        lake = Lake(root=root)
+        g = graph(strategy, batch)
+        fill(lake, g, batch * steps)
+        runner = GraphRunner(graph=g, lake=lake, spark=spark, keep_results=False)
+        runner.recover()
+        started = time.perf_counter()
+        stats = runner.run_until_idle()
+        seconds = time.perf_counter() - started
+        out = lake.queue("even").count() + lake.queue("odd").count()
+        assert out == batch * steps, (strategy, out)
+        return {"seconds": seconds, "messages": batch * steps, "steps": sum(s.steps for s in stats.values()),
+                "messages_per_s": batch * steps / seconds}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def strategies_side_by_side(spark, sizes: list[tuple[int, int, int]]) -> list[dict]:
+    rows = []
+    for batch, steps, rounds in sizes:
+        by = {s: [] for s in Strategy}
+        for _ in range(rounds):
+            for s in (Strategy.AT_LEAST_ONCE, Strategy.EXACTLY_ONCE, Strategy.AT_MOST_ONCE):
+                by[s].append(run_graph(spark, s, batch, steps)["messages_per_s"])
+        ratios = [eo / alo for eo, alo in zip(by[Strategy.EXACTLY_ONCE], by[Strategy.AT_LEAST_ONCE], strict=True)]
+        row = {"messages_per_step": batch, "steps": steps, "rounds": rounds,
+               **{f"{s.value}_msgs_per_s_median": median(v) for s, v in by.items()},
+               "exactly_once_over_at_least_once_median": median(ratios), "ratios": ratios}
+        print(row, flush=True)
+        rows.append(row)
+    return rows
+
+
+def protocol_overhead(spark, steps: int) -> dict:
+    """Time inside the protocol's own work: snapshot record, attempt record, commit guard."""
+    marks: list[tuple[str, float]] = []
+    root = tempfile.mkdtemp(prefix="cues-bench-")
+    try:
+        lake = Lake(root=root)
+        g = graph(Strategy.EXACTLY_ONCE, 100)
+        g = Graph.build(name="o", queues=list(g.queues.values()), processors=[g.processors["convert"]])
+        fill(lake, g, 100 * steps)
+        runner = GraphRunner(graph=g, lake=lake, spark=spark, keep_results=False,
+                             hook=lambda p: marks.append((p, time.perf_counter())))
+        runner.run_until_idle()
+        per_step, step_times = [], []
+        current: dict[str, float] = {}
+        for point, t in marks:
+            current[point] = t
+            if point == "after_commit":
+                c = current
+                per_step.append((c["after_snapshot"] - c["before_snapshot"]) + (c["after_attempt"] - c["after_prepare"]))
+                step_times.append(c["after_commit"] - c["before_snapshot"])
+        return {"steps": len(per_step), "backing_records_ms_p50": percentile(per_step, 50) * 1000,
+                "backing_records_ms_p99": percentile(per_step, 99) * 1000,
+                "step_ms_p50": percentile(step_times, 50) * 1000}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def recovery_time(spark, histories: list[int], runs: int) -> dict:
+    out = {}
+    for n in histories:
+        root = tempfile.mkdtemp(prefix="cues-bench-")
+        try:
+            lake = Lake(root=root)
+            g = graph(Strategy.EXACTLY_ONCE, 10)
+            create_queues(g, lake)
+            backing = BackingQueue(lake, "convert")
+            epoch = backing.fence()
+            for step in range(n):  # one commit per record, as real steps make them
+                snap = Snapshot("convert", step, {"orders": Range("orders", "0", step * 10, step * 10 + 10)})
+                backing.append(Record(RecordType.ATTEMPT_NIL, snap, epoch))
+            times = []
+            for _ in range(runs):
+                fresh = Lake(root=root)
+                t = time.perf_counter()
+                stepper = ExactlyOnceStepper(graph=g, processor=g.processors["convert"], lake=fresh, spark=spark)
+                stepper.recover()
+                times.append(time.perf_counter() - t)
+                assert stepper.next_step == n
+            out[str(n)] = {"records": n, "recover_s_median": median(times), "runs": runs}
+            print(n, out[str(n)], flush=True)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    keys = [str(h) for h in histories]
+    out["ratio_large_over_small"] = out[keys[-1]]["recover_s_median"] / out[keys[0]]["recover_s_median"]
+    return out
+
+
+def peak_memory(spark, batch: int) -> dict:
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result = run_graph(spark, Strategy.EXACTLY_ONCE, batch, 1)
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"messages_per_step": batch, "driver_peak_rss_mib": after / 1024,
+            "driver_peak_rss_growth_mib": (after - before) / 1024, "seconds": result["seconds"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    spark = get_spark()
+    run_graph(spark, Strategy.EXACTLY_ONCE, 1000, 2)  # warm-up: JIT, first jobs
+    if args.quick:
+        sizes, overhead_steps, histories, mem = [(1000, 3, 1), (10_000, 2, 1)], 10, [10, 200], 10_000
+    else:
+        sizes = [(1000, 10, 3), (10_000, 6, 3), (100_000, 4, 3), (1_000_000, 2, 2)]
+        overhead_steps, histories, mem = 40, [10, 10_000], 1_000_000
+    results = {
+        "machine": machine_info(),
+        "strategies": strategies_side_by_side(spark, sizes),
+        "protocol_overhead": protocol_overhead(spark, overhead_steps),
+        "recovery": recovery_time(spark, histories, 7),
+        "memory": peak_memory(spark, mem),
+        "quick": args.quick,
+    }
+    path = write_json(Path(__file__).parent / "results" / ("processors-quick.json" if args.quick else "processors.json"), results)
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
