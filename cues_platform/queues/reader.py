@@ -72,11 +72,7 @@ def plan_read(
     available = queue.next_offset(partition, snapshot=dt)
     stop = available if end is None else min(end, available)
     files = (
-        tuple(
-            f
-            for f in queue.files(partition=partition, snapshot=dt)
-            if f.max_offset >= start and f.min_offset < stop
-        )
+        tuple(queue.files(partition=partition, snapshot=dt, start=start, end=stop))
         if stop > start
         else ()
     )
