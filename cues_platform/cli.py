@@ -31,7 +31,10 @@ class CuesGroup(click.Group):
         try:
             return super().invoke(ctx)
         except CuesError as exc:
-            console.print(f"[bold red]error:[/] {exc}")
+            # Plain click.echo (not rich): one unwrapped line, and brackets such as "[70, 80)"
+            # in messages are not taken for markup.
+            message = " ".join(str(exc).split())
+            click.echo(f"error: {message}", err=True)
             sys.exit(2)
 
 
@@ -131,6 +134,125 @@ def queue_maintain(name: str, retention_hours: float, lake_root: str) -> None:
 
     for report in maintain(Lake(root=lake_root).queue(name), retention_hours=retention_hours):
         console.print(report)
+
+
+# -- exactly-once processing ------------------------------------------------------------------------
+@main.command("audit")
+@lake_option
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option(
+    "--graph",
+    "graph_ref",
+    default=None,
+    metavar="GRAPH",
+    help="Optional graph (module:attr or file.py:attr) for topology cross-checks.",
+)
+def audit_command(lake_root: str, as_json: bool, graph_ref: str | None) -> None:
+    """Check exactly-once delivery of every processor; exit 0 when clean, 1 on any violation."""
+    from cues_platform.audit import audit
+
+    graph = None
+    if graph_ref is not None:
+        from cues_platform.processing.loader import load_graph
+
+        graph = load_graph(graph_ref)
+    report = audit(Lake(root=lake_root), graph=graph)
+    click.echo(report.to_json() if as_json else report.to_text(max_per_kind=None))
+    sys.exit(0 if report.ok else 1)
+
+
+@main.group()
+def backing() -> None:
+    """Inspect processors' backing queues."""
+
+
+@backing.command("show")
+@click.argument("processor")
+@lake_option
+@click.option(
+    "-n", "count", default=20, show_default=True, help="How many of the last steps (0: all)."
+)
+def backing_show(processor: str, lake_root: str, count: int) -> None:
+    """A processor's backing queue in words: each step's snapshot and attempt."""
+    from cues_platform.audit import describe_backing
+
+    for line in describe_backing(Lake(root=lake_root), processor, last=count or None):
+        click.echo(line)
+
+
+@main.group("graph")
+def graph_group() -> None:
+    """Inspect graphs."""
+
+
+@graph_group.command("show")
+@click.argument("graph_ref", metavar="GRAPH")
+def graph_show(graph_ref: str) -> None:
+    """Print a graph (module:attr or file.py:attr) as a Mermaid flowchart."""
+    from cues_platform.processing.loader import load_graph
+
+    click.echo(load_graph(graph_ref).mermaid())
+
+
+@main.command("run")
+@click.argument("graph_ref", metavar="GRAPH")
+@lake_option
+@click.option(
+    "--idle-exit",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help="Stop after this many seconds without work (default: run until SIGTERM / Ctrl-C).",
+)
+@click.option("--no-progress", is_flag=True, help="No live progress table.")
+def run_command(graph_ref: str, lake_root: str, idle_exit: float | None, no_progress: bool) -> None:
+    """Run a graph (module:attr or file.py:attr) continuously; stop gracefully on SIGTERM/Ctrl-C."""
+    import signal
+    import threading
+    import time
+
+    from cues_platform.processing.loader import load_graph
+    from cues_platform.processing.runner import GraphRunner
+
+    graph = load_graph(graph_ref)
+    lake = Lake(root=lake_root)
+    stop = threading.Event()
+    runners: list[GraphRunner] = []
+
+    def request_stop(signum: int, _frame: object) -> None:
+        stop.set()
+        for r in runners:
+            r.stop_event.set()
+
+    # Installed for the whole command, so a stop during start-up (Spark takes seconds) is graceful
+    # too; GraphRunner.run installs its own while it runs and puts these back.
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, request_stop)
+    started = time.monotonic()
+    try:
+        runner = GraphRunner(graph=graph, lake=lake, keep_results=False)
+        runners.append(runner)
+        if stop.is_set():
+            runner.stop_event.set()
+        stats = runner.run(show_progress=not no_progress, idle_exit=idle_exit)
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+    elapsed = time.monotonic() - started
+    why = (
+        "stop requested"
+        if stop.is_set() or runner.stop_event.is_set()
+        else f"idle for {idle_exit}s"
+    )
+    click.echo(f"graph {graph.name}: stopped after {elapsed:.1f}s ({why})")
+    for pid, s in stats.items():
+        p = graph.processors[pid]
+        click.echo(
+            f"  {pid} ({p.kind.value}, {p.strategy.value}): {s.steps} step(s), {s.rows_in:,} row(s) "
+            f"in, {s.rows_out:,} row(s) out, {s.errors} error(s), {s.recovered} recovered"
+        )
 
 
 if __name__ == "__main__":
