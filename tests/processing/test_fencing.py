@@ -1,0 +1,140 @@
+"""Fencing: two instances of one processor. Starting the newer one (its recovery commits a higher
+epoch to the backing queue) makes the older one's next backing write raise ProcessorFencedError,
+and no step is ever delivered twice (rows and delivery hashes are checked exactly)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from cues_platform.processing import (
+    BackingQueue,
+    GraphRunner,
+    ProcessorFencedError,
+    SimulatedCrash,
+)
+from tests.processing.graphs import PID, CrashAt, build_graph, check_exact, load_inputs
+from tests.support import rows
+
+
+class Calls:
+    """A hook that runs ``action`` once, the ``occurrence``-th time ``point`` is reached."""
+
+    def __init__(self, point: str, occurrence: int, action) -> None:
+        self.point, self.occurrence, self.action, self.count = point, occurrence, action, 0
+        self.seen: list[str] = []
+
+    def __call__(self, point: str) -> None:
+        self.seen.append(point)
+        if point == self.point:
+            self.count += 1
+            if self.count == self.occurrence:
+                self.action()
+
+
+def test_older_instance_is_fenced_before_its_attempt(spark, lake):
+    """The newer instance starts while the older one runs step 1's function: the older one's
+    attempt record is refused, the newer one retries the snapshot and delivers it once."""
+    graph = build_graph("map")
+    newer: list[GraphRunner] = []
+    hook = Calls("after_function", 2, lambda: newer.append(_started(graph, lake, spark)))
+    older = GraphRunner(graph=graph, lake=lake, spark=spark, hook=hook)
+    load_inputs(lake, "map")
+    with pytest.raises(ProcessorFencedError) as info:
+        older.run_until_idle()
+    assert info.value.step == 1 and info.value.epoch == 0 and info.value.newest == 1
+    assert hook.seen[-1] == "after_prepare"  # stopped at the attempt write, before any commit
+    assert BackingQueue(lake, PID).epoch() == 1
+    newer[0].run_until_idle()
+    check_exact(lake, "map", "output")
+
+
+def test_older_instance_between_fork_commits_skips_what_the_newer_delivered(spark, lake):
+    """The older instance stops between a fork's commits; the newer one starts, rolls the step
+    forward and finishes everything; the older one resumes: its remaining commit is skipped (the
+    queue already has the step) and its next snapshot write is fenced."""
+    graph = build_graph("fork")
+
+    def newer_runs_everything() -> None:
+        GraphRunner(graph=graph, lake=lake, spark=spark).run_until_idle()
+
+    hook = Calls("between_commits", 2, newer_runs_everything)
+    older = GraphRunner(graph=graph, lake=lake, spark=spark, hook=hook)
+    load_inputs(lake, "fork")
+    with pytest.raises(ProcessorFencedError):
+        older.run_until_idle()
+    assert hook.seen[-1] == "before_snapshot"
+    check_exact(lake, "fork", "output")
+
+
+def test_idle_older_instance_is_fenced_at_its_next_snapshot(spark, lake):
+    graph = build_graph("map")
+    older = GraphRunner(graph=graph, lake=lake, spark=spark)
+    load_inputs(lake, "map", n=10)
+    older.run_until_idle()
+    newer = GraphRunner(graph=graph, lake=lake, spark=spark)
+    newer.recover()
+    lake.queue("a").append(rows(10, 20), partition="0")
+    with pytest.raises(ProcessorFencedError):
+        older.run_until_idle()
+    newer.run_until_idle()
+    check_exact(lake, "map", "output")
+
+
+def test_concurrent_instances_in_threads(spark, lake):
+    """Instance A runs in a thread over 12 steps; after its step 2's function, instance B starts
+    (fencing A) and both run concurrently: A fails at its next backing write, B finishes.
+    Every step is delivered exactly once."""
+    graph = build_graph("map", "output")
+    a_ready, b_fenced = threading.Event(), threading.Event()
+
+    def pause() -> None:
+        a_ready.set()
+        assert b_fenced.wait(timeout=120)
+
+    failure: list[BaseException] = []
+
+    def run_a() -> None:
+        try:
+            GraphRunner(graph=graph, lake=lake, spark=spark,
+                        hook=Calls("after_function", 3, pause)).run_until_idle()
+        except BaseException as exc:  # noqa: BLE001 - reported to the main thread
+            failure.append(exc)
+
+    GraphRunner(graph=graph, lake=lake, spark=spark, only=[])  # creates the queues
+    load_inputs(lake, "map", n=120)
+    thread = threading.Thread(target=run_a)
+    thread.start()
+    assert a_ready.wait(timeout=300)
+    b = GraphRunner(graph=graph, lake=lake, spark=spark)
+    b.recover()
+    b_fenced.set()
+    b.run_until_idle()
+    thread.join(timeout=300)
+    assert not thread.is_alive()
+    assert len(failure) == 1 and isinstance(failure[0], ProcessorFencedError), failure
+    attempts = check_exact(lake, "map", "output", n=120)
+    assert sorted(attempts) == list(range(12))
+    assert len({a.hash for a in attempts.values()}) == 12
+
+
+def test_fence_then_crash_leaves_a_recoverable_state(spark, lake):
+    """An instance fenced mid-step leaves only records of its own epoch behind."""
+    graph = build_graph("join", "nil")
+    hook = CrashAt("after_prepare", 2)
+    runner = GraphRunner(graph=graph, lake=lake, spark=spark, hook=hook)
+    load_inputs(lake, "join")
+    with pytest.raises(SimulatedCrash):
+        runner.run_until_idle()
+    epochs = {r.epoch for r in BackingQueue(lake, PID).records()}
+    assert epochs == {0}
+    GraphRunner(graph=graph, lake=lake, spark=spark).run_until_idle()
+    assert {r.epoch for r in BackingQueue(lake, PID).records()} == {0, 1}
+    check_exact(lake, "join", "nil")
+
+
+def _started(graph, lake, spark) -> GraphRunner:
+    runner = GraphRunner(graph=graph, lake=lake, spark=spark)
+    runner.recover()
+    return runner
