@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import traceback
+import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -95,7 +96,9 @@ def stage(lake: Lake, queues: Mapping[str, Queue], snapshot: Snapshot,
         for part, table in parts.items():
             if table.num_rows == 0:
                 continue
-            path = f"{root}/{qname}--{part}.parquet"
+            # A unique name per attempt: a fenced (older) instance still preparing the same step can
+            # never overwrite the files that the newer instance's attempt record refers to.
+            path = f"{root}/{qname}--{part}--{uuid.uuid4().hex[:12]}.parquet"
             pq.write_table(conform(table, queues[qname].payload_schema, queue=qname,
                                    max_rows=queues[qname].max_batch_rows), path, filesystem=filesystem)
             staged.setdefault(qname, {})[part] = path

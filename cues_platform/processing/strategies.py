@@ -33,6 +33,9 @@ from cues_platform.queues.errors import QueueError
 from cues_platform.queues.positions import PositionStore
 
 
+STEPS_KEY = "_steps"  # position-store key of a processor's next step number (not a queue name)
+
+
 class PositionStepper(StepBase):
     """at_least_once and at_most_once: tailer positions instead of a backing queue."""
 
@@ -45,9 +48,15 @@ class PositionStepper(StepBase):
         for binding, src in self.processor.inputs.items():
             got = self.store.get(queue=src.queue, tailer=self.processor.id, partition=src.partition)
             self.positions[binding] = got or 0
+        # Step numbers go on across restarts (sinks key their effects by step and delivery hash).
+        self.next_step = self.store.get(queue=STEPS_KEY, tailer=self.processor.id, partition="0") or 0
         return None
 
     def _commit_positions(self, snapshot: Snapshot) -> None:
+        # The step counter first: a crash before the positions re-runs the step under a new number
+        # (a duplicate, as the strategy allows), never reuses a delivered step's number.
+        self.store.commit(queue=STEPS_KEY, tailer=self.processor.id, partition="0",
+                          position=snapshot.step + 1)
         for r in snapshot.inputs.values():
             if r.size:
                 self.store.commit(queue=r.queue, tailer=self.processor.id, partition=r.partition, position=r.end)

@@ -313,7 +313,8 @@ def build_soak_graph(batch: int) -> Graph:
         return src.select((F.col("id") * 2).alias("id"), F.col("note"))
 
     def f(ctx, src):
-        return {"odd": src.select((F.col("id") + 1).alias("id"), F.col("note")), "even": src}
+        return {"odd": src.select((F.col("id") + 1).alias("id"), F.col("note")),
+                "even": src.select("id", "note")}
 
     def s(ctx, src):
         from cues_platform.processing.sinks import write_delta_once

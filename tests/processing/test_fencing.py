@@ -138,3 +138,45 @@ def _started(graph, lake, spark) -> GraphRunner:
     runner = GraphRunner(graph=graph, lake=lake, spark=spark)
     runner.recover()
     return runner
+
+
+def test_fenced_instance_preparing_cannot_change_the_newer_attempts_outputs(spark, lake):
+    """Regression: staged files were named by step only, so an older instance still preparing a
+    step overwrote the files that the newer instance's attempt record pointed to. With a
+    non-deterministic fork, the newer instance then committed its own data to b but the older
+    one's to d. Now every attempt stages under unique names: b and d stay consistent."""
+    from tests.processing.graphs import check_backing, random_fork_fn
+
+    graph = build_graph("fork", fn=random_fork_fn())
+    a_ready, go = threading.Event(), threading.Event()
+    failure: list[BaseException] = []
+
+    def pause() -> None:
+        a_ready.set()
+        assert go.wait(timeout=120)
+
+    def run_a() -> None:
+        try:
+            GraphRunner(graph=graph, lake=lake, spark=spark,
+                        hook=Calls("after_function", 2, pause)).run_until_idle()
+        except BaseException as exc:  # noqa: BLE001 - reported to the main thread
+            failure.append(exc)
+
+    GraphRunner(graph=graph, lake=lake, spark=spark, only=[])
+    load_inputs(lake, "fork")
+    thread = threading.Thread(target=run_a)
+    thread.start()
+    assert a_ready.wait(timeout=300)
+
+    def let_a_prepare() -> None:  # B is between its commits of step 1: A now stages step 1
+        go.set()
+        thread.join(timeout=300)
+
+    b = GraphRunner(graph=graph, lake=lake, spark=spark, hook=Calls("between_commits", 1, let_a_prepare))
+    b.run_until_idle()
+    assert not thread.is_alive()
+    assert len(failure) == 1 and isinstance(failure[0], ProcessorFencedError), failure
+    assert sorted(check_backing(lake)) == [0, 1, 2]
+    left = lake.queue("b").read_arrow(partition="0").sort_by("_offset")["id"].to_pylist()
+    right = lake.queue("d").read_arrow(partition="0").sort_by("_offset")["id"].to_pylist()
+    assert len(left) == 30 and left == right
