@@ -73,13 +73,6 @@ def test_delta_later_step_writes_and_older_step_is_noop(tmp_path: Path) -> None:
     assert ids(Path(uri)) == [0, 1, 2, 10, 11, 12, 20, 21, 22]
 
 
-def test_delta_hash_column_on_request(tmp_path: Path) -> None:
-    uri, c = tmp_path / "out", ctx(4)
-    assert write_delta_once(c, table_uri=str(uri), data=batch(0), hash_column="_hash")
-    table = DeltaTable(str(uri)).to_pyarrow_table()
-    assert table.column("_hash").to_pylist() == [c.delivery_hash] * 3
-
-
 @pytest.mark.parametrize("exists", [False, True])
 def test_delta_concurrent_retries_apply_once(tmp_path: Path, exists: bool) -> None:
     uri, c, workers = str(tmp_path / "out"), ctx(7), 4
@@ -122,6 +115,8 @@ def test_delta_sigkill_after_commit_then_retry(
     assert "wrote True" in proc.stdout
     assert write_delta_once(ctx(0), table_uri=uri, data=batch(0), hash_column="_hash") is False
     assert ids(Path(uri)) == [0, 1, 2]
+    hashes = DeltaTable(uri).to_pyarrow_table().column("_hash").to_pylist()
+    assert hashes == [ctx(0).delivery_hash] * 3  # the child added the hash column on request
 
 
 def test_delta_bad_input(tmp_path: Path) -> None:
@@ -144,16 +139,17 @@ def test_delta_bad_input(tmp_path: Path) -> None:
 
 
 # -- PostgreSQL ------------------------------------------------------------------------------------
+def book(conn: psycopg.Connection, ledger: str, c: Ctx, amount: int = 1) -> None:
+    """The user's side effect: one ledger row, written on the delivery's connection."""
+    query = sql.SQL("INSERT INTO {} (delivery_hash, amount) VALUES (%s, %s)")
+    conn.execute(query.format(sql.Identifier(ledger)), (c.delivery_hash, amount))
+
+
 def deliver(conn: psycopg.Connection, c: Ctx, names: tuple[str, str], amount: int = 1) -> bool:
     ledger, dedupe = names
     with postgres_once(c, conn, table=dedupe) as tx:
         if tx.first_time:
-            conn.execute(
-                sql.SQL("INSERT INTO {} (delivery_hash, amount) VALUES (%s, %s)").format(
-                    sql.Identifier(ledger)
-                ),
-                (c.delivery_hash, amount),
-            )
+            book(conn, ledger, c, amount)
     return tx.first_time
 
 
@@ -166,8 +162,7 @@ def ledger_rows(conn: psycopg.Connection, ledger: str) -> list[tuple[str, int]]:
 
 def wait_blocked(observer: psycopg.Connection, pid: int, blocker: int) -> None:
     """Poll until backend ``pid`` waits on a lock held by ``blocker`` (observed, not timed)."""
-    deadline = time.monotonic() + 20
-    query = "SELECT %s = ANY(pg_blocking_pids(%s))"
+    deadline, query = time.monotonic() + 20, "SELECT %s = ANY(pg_blocking_pids(%s))"
     while not observer.execute(query, (blocker, pid)).fetchone()[0]:
         assert time.monotonic() < deadline, f"backend {pid} never waited on {blocker}"
 
@@ -182,14 +177,9 @@ def test_pg_same_hash_twice_applies_once(pg_connect, pg_names) -> None:
     assert deliver(check, c, pg_names, amount=5) is False  # autocommit connections work the same
     assert ledger_rows(check, pg_names[0]) == [(c.delivery_hash, 5), (ctx(1).delivery_hash, 7)]
     assert applied(check, c.delivery_hash, table=pg_names[1])
-    row = check.execute(
-        sql.SQL("SELECT processor_id, step, applied_at IS NOT NULL FROM {}").format(
-            sql.Identifier(pg_names[1])
-        )
-        + sql.SQL(" WHERE delivery_hash = %s"),
-        (c.delivery_hash,),
-    ).fetchone()
-    assert row == ("proc-a", 0, True)
+    query = sql.SQL("SELECT processor_id, step, applied_at FROM {} WHERE delivery_hash = %s")
+    row = check.execute(query.format(sql.Identifier(pg_names[1])), (c.delivery_hash,)).fetchone()
+    assert row[:2] == ("proc-a", 0) and row[2] is not None
 
 
 def test_pg_failure_inside_rolls_back_both(pg_connect, pg_names) -> None:
@@ -200,12 +190,7 @@ def test_pg_failure_inside_rolls_back_both(pg_connect, pg_names) -> None:
 
     with pytest.raises(Boom), postgres_once(c, conn, table=pg_names[1]) as tx:
         assert tx.first_time
-        conn.execute(
-            sql.SQL("INSERT INTO {} (delivery_hash, amount) VALUES (%s, 1)").format(
-                sql.Identifier(pg_names[0])
-            ),
-            (c.delivery_hash,),
-        )
+        book(conn, pg_names[0], c)
         raise Boom
     check = pg_connect(autocommit=True)
     assert ledger_rows(check, pg_names[0]) == []
@@ -219,12 +204,7 @@ def test_pg_connection_killed_mid_transaction(pg_connect, pg_names) -> None:
     deliver(victim, ctx(2), pg_names)  # the dedupe table exists; this delivery is committed
     pid = victim.info.backend_pid
     with pytest.raises(SinkStorageError) as info, postgres_once(c, victim, table=pg_names[1]):
-        victim.execute(
-            sql.SQL("INSERT INTO {} (delivery_hash, amount) VALUES (%s, 1)").format(
-                sql.Identifier(pg_names[0])
-            ),
-            (c.delivery_hash,),
-        )
+        book(victim, pg_names[0], c)
         # waits (up to 10 s) until the backend is gone, so the COMMIT surely fails
         assert killer.execute("SELECT pg_terminate_backend(%s, 10000)", (pid,)).fetchone()[0]
     assert info.value.retryable and info.value.hash == c.delivery_hash
@@ -253,12 +233,7 @@ def test_pg_concurrent_retries_two_connections(pg_connect, pg_names, first_commi
         expect = nullcontext() if first_commits else pytest.raises(Crash)
         with expect, postgres_once(c, a, table=pg_names[1]) as tx:
             assert tx.first_time
-            a.execute(
-                sql.SQL("INSERT INTO {} (delivery_hash, amount) VALUES (%s, 1)").format(
-                    sql.Identifier(pg_names[0])
-                ),
-                (c.delivery_hash,),
-            )
+            book(a, pg_names[0], c)
             second = pool.submit(deliver, b, c, pg_names)
             wait_blocked(observer, b_pid, a_pid)
             if not first_commits:
