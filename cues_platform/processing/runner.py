@@ -129,7 +129,7 @@ class GraphRunner:
                         live.update(_table(self))
                     if idle_exit is not None and time.monotonic() - idle_since > idle_exit:
                         break
-                    self.stop_event.wait(max(0.0, min(due.values()) - time.monotonic()))
+                    self.stop_event.wait(max(0.0, min(due.values(), default=now + 0.5) - time.monotonic()))
         finally:
             for sig, old in handlers.items():
                 signal.signal(sig, old)
