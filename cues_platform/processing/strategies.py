@@ -32,7 +32,6 @@ from cues_platform.processing.step import (
 from cues_platform.queues.errors import QueueError
 from cues_platform.queues.positions import PositionStore
 
-
 STEPS_KEY = "_steps"  # position-store key of a processor's next step number (not a queue name)
 
 

@@ -11,6 +11,7 @@ otherwise 3,000 messages and 2 kills, finished in-process.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import random
@@ -24,7 +25,6 @@ import pytest
 
 from cues_platform.processing import GraphRunner
 from cues_platform.processing.runner import create_queues
-from cues_platform.queues import Lake
 from tests.processing.graphs import (
     SOAK_CHILD,
     SOAK_PIDS,
@@ -70,10 +70,8 @@ def test_soak_random_sigkills(spark, lake, tmp_path):
             child = start_child(lake.root, log)
             try:
                 while child.poll() is None and backing_progress(lake) < target:
-                    try:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
                         child.wait(timeout=0.05)  # a poll interval: the kill is aimed by progress
-                    except subprocess.TimeoutExpired:
-                        pass
                 if child.poll() is None:
                     child.send_signal(signal.SIGKILL)
                     kills += 1
