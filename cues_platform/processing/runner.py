@@ -68,26 +68,36 @@ class GraphRunner:
         self.stats = {pid: ProcessorStats() for pid in self.steppers}
         self.stop_event = threading.Event()
         self._recovered = False
+        self._needs_recovery: set[str] = set(self.steppers)
 
-    def recover(self) -> None:
-        for pid, stepper in self.steppers.items():
-            result = stepper.recover()
+    def recover(self, pids: list[str] | None = None) -> None:
+        for pid in pids or list(self.steppers):
+            result = self.steppers[pid].recover()
+            self._needs_recovery.discard(pid)
             if result is not None:
                 self.stats[pid].add(result, keep=self.keep_results)
-        self._recovered = True
+        self._recovered = not self._needs_recovery
 
     def step_once(self, pid: str) -> StepResult | None:
-        if not self._recovered:
-            self.recover()
-        result = self.steppers[pid].step()
+        """One step of ``pid``. A step that fails leaves the processor needing recovery: the next
+        call recovers it first (fencing, roll-forward) instead of retrying from memory, so a
+        half-delivered attempt is never re-prepared by the same runner."""
+        if pid in self._needs_recovery:
+            self.recover([pid])
+        try:
+            result = self.steppers[pid].step()
+        except BaseException:
+            self._needs_recovery.add(pid)
+            self._recovered = False
+            raise
         if result is not None:
             self.stats[pid].add(result, keep=self.keep_results)
         return result
 
     def run_until_idle(self, *, max_steps: int | None = None) -> dict[str, ProcessorStats]:
         """Step every processor (upstream first) until none has work or ``max_steps`` is hit."""
-        if not self._recovered:
-            self.recover()
+        if self._needs_recovery:
+            self.recover([p for p in self.steppers if p in self._needs_recovery])
         total = 0
         while not self.stop_event.is_set():
             progressed = False
@@ -107,8 +117,8 @@ class GraphRunner:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 handlers[sig] = signal.signal(sig, lambda *_: self.stop_event.set())
         try:
-            if not self._recovered:
-                self.recover()
+            if self._needs_recovery:
+                self.recover([p for p in self.steppers if p in self._needs_recovery])
             delays = {pid: 0.01 for pid in self.steppers}
             due = dict.fromkeys(self.steppers, 0.0)
             idle_since = time.monotonic()

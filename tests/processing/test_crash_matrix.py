@@ -248,3 +248,21 @@ def test_sigkill_child_then_recover(spark, killed_children, kind):
         assert last.type is RecordType.SNAPSHOT and last.step == 1
     GraphRunner(graph=build_graph(kind, outcome), lake=lake, spark=spark).run_until_idle()
     check_exact(lake, kind, outcome)
+
+
+def test_the_same_runner_recovers_before_stepping_again_after_a_failed_step(spark, lake):
+    """A step that failed between a fork's commits is rolled forward by the SAME runner on its next
+    step (recovery first), not prepared again: outputs stay consistent and exactly once."""
+    graph = build_graph("fork", fn=random_fork_fn())
+    crash = CrashAt("between_commits", 2)
+    runner = GraphRunner(graph=graph, lake=lake, spark=spark, hook=crash)
+    load_inputs(lake, "fork")
+    with pytest.raises(SimulatedCrash):
+        runner.run_until_idle()
+    runner.run_until_idle()  # same object: recovers the fork first, then finishes
+    attempts = check_backing(lake)
+    assert sorted(attempts) == [0, 1, 2]
+    b = lake.queue("b").read_arrow(partition="0").sort_by("_offset")
+    d = lake.queue("d").read_arrow(partition="0").sort_by("_offset")
+    assert b["id"].to_pylist() == d["id"].to_pylist() and b.num_rows == 30
+    assert runner.stats[PID].recovered == 1
