@@ -52,13 +52,12 @@ class PositionStepper(StepBase):
         return None
 
     def _commit_positions(self, snapshot: Snapshot) -> None:
-        # The step counter first: a crash before the positions re-runs the step under a new number
-        # (a duplicate, as the strategy allows), never reuses a delivered step's number.
-        self.store.commit(queue=STEPS_KEY, tailer=self.processor.id, partition="0",
-                          position=snapshot.step + 1)
-        for r in snapshot.inputs.values():
-            if r.size:
-                self.store.commit(queue=r.queue, tailer=self.processor.id, partition=r.partition, position=r.end)
+        # One atomic commit: the step counter and every input position (the step counter never
+        # lags the positions, so a delivered step's number is never reused).
+        self.store.commit_many(
+            [(STEPS_KEY, self.processor.id, "0", snapshot.step + 1)]
+            + [(r.queue, self.processor.id, r.partition, r.end) for r in snapshot.inputs.values() if r.size]
+        )
 
     def step(self) -> StepResult | None:
         self.hook("before_snapshot")

@@ -53,23 +53,30 @@ class PositionStore:
         return None if version is None else int(version)
 
     def commit(self, *, queue: str, tailer: str, partition: str, position: int) -> None:
-        row = pa.table(
+        self.commit_many([(queue, tailer, partition, position)])
+
+    def commit_many(self, positions: list[tuple[str, str, str, int]]) -> None:
+        """Commit several ``(queue, tailer, partition, position)`` in ONE Delta commit (atomic)."""
+        if not positions:
+            return
+        now = datetime.now(UTC)
+        rows = pa.table(
             {
-                "queue": [queue],
-                "tailer": [tailer],
-                "partition": [partition],
-                "position": [position],
-                "committed_at": [datetime.now(UTC)],
+                "queue": [p[0] for p in positions],
+                "tailer": [p[1] for p in positions],
+                "partition": [p[2] for p in positions],
+                "position": [p[3] for p in positions],
+                "committed_at": [now] * len(positions),
             },
             schema=SCHEMA,
         )
         self._dt.update_incremental()
         write_deltalake(
             self._dt,
-            row,
+            rows,
             mode="append",
             commit_properties=CommitProperties(
-                app_transactions=[Transaction(position_app_id(queue, tailer, partition), position)],
+                app_transactions=[Transaction(position_app_id(q, t, p), pos) for q, t, p, pos in positions],
                 max_commit_retries=50,
             ),
         )
