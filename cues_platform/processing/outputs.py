@@ -39,6 +39,8 @@ ERROR_SCHEMA = pa.schema([
     pa.field("message", pa.string(), nullable=False),
     pa.field("traceback", pa.string(), nullable=False),
     pa.field("failed_at", pa.timestamp("us", tz="UTC"), nullable=False),
+    pa.field("queue", pa.string(), nullable=True),  # contract breaks: the queue whose contract
+    pa.field("payload", pa.string(), nullable=True),  # ... and the offending row as JSON
 ])
 
 Staged = dict[str, dict[str, str]]  # queue -> partition -> staged file URI
@@ -114,6 +116,22 @@ def error_table(snapshot: Snapshot, exc: BaseException) -> pa.Table:
         "message": [str(exc)[:10_000]],
         "traceback": ["".join(traceback.format_exception(exc))[-20_000:]],
         "failed_at": [datetime.now(UTC)],
+        "queue": [None], "payload": [None],
+    }, schema=ERROR_SCHEMA)
+
+
+def contract_error_table(snapshot: Snapshot, *, queue: str, bad: pa.Table, reasons: list[str]) -> pa.Table:
+    """One error row per row that broke ``queue``'s contract, naming the failed checks."""
+    from cues_platform.processing.contracts import rows_as_json
+
+    n = bad.num_rows
+    inputs = json.dumps({b: [r.queue, r.partition, r.start, r.end] for b, r in snapshot.inputs.items()})
+    return pa.table({
+        "processor": [snapshot.processor] * n, "step": [snapshot.step] * n, "inputs": [inputs] * n,
+        "exception_type": ["cues_platform.ContractViolation"] * n,
+        "message": [f"row breaks the contract of queue {queue!r}: {r}" for r in reasons],
+        "traceback": [""] * n, "failed_at": [datetime.now(UTC)] * n,
+        "queue": [queue] * n, "payload": rows_as_json(bad),
     }, schema=ERROR_SCHEMA)
 
 

@@ -32,12 +32,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+
 from cues_platform.processing.backing import BackingQueue, Range, Record, RecordType, Snapshot
 from cues_platform.processing.context import StepContext
+from cues_platform.processing.contracts import split_by_contract
 from cues_platform.processing.errors import RecoveryError, UnhandledStepError
 from cues_platform.processing.graph import Graph, Kind, Processor
 from cues_platform.processing.outputs import (
     commit_staged,
+    contract_error_table,
     delivered_to,
     error_table,
     partitioned,
@@ -47,7 +51,7 @@ from cues_platform.processing.outputs import (
     to_arrow,
 )
 from cues_platform.queues import Lake, Queue
-from cues_platform.queues.errors import QueueError
+from cues_platform.queues.errors import QueueError, SchemaError
 from cues_platform.queues.reader import execute_spark, plan_read
 
 Hook = Callable[[str], None]
@@ -124,6 +128,18 @@ class StepBase:
         for binding, value in by_binding.items():
             out = self.processor.outputs[binding]
             table = to_arrow(value)
+            contract = self.graph.queues[out.queue].contract
+            if contract is not None and table.num_rows:
+                table, bad, reasons = split_by_contract(table, contract, queue=out.queue)
+                if bad.num_rows:
+                    if not self.error_queue_name:
+                        raise SchemaError(
+                            f"processor {self.processor.id!r}: {bad.num_rows} row(s) break the contract "
+                            f"of queue {out.queue!r} ({reasons[0]}) and no error queue is configured",
+                            processor=self.processor.id, queue=out.queue)
+                    errors = contract_error_table(snapshot, queue=out.queue, bad=bad, reasons=reasons)
+                    mine = tables.setdefault(self.error_queue_name, {})
+                    mine["0"] = pa.concat_tables([mine["0"], errors]) if "0" in mine else errors
             if table.num_rows:
                 for part, t in partitioned(table, out, self.queues[out.queue]).items():
                     tables.setdefault(out.queue, {})[part] = t
