@@ -1,0 +1,295 @@
+"""The payments graph: every processor kind on realistic traffic.
+
+```
+participants ──▶ postings (subject = receiver) ──▶ intake (alts) ──▶ instructions
+instructions ──▶ parse (map) ──▶ parsed ─┐
+fx (source) ──▶ fx_rates ────────────────┴▶ convert (join) ──▶ priced
+priced ──▶ validate (fork) ──▶ results (subject = sender), ledger_entries, malformed
+ledger_entries ──▶ ledger (sink: PostgreSQL, exactly once by delivery hash)
+```
+
+Contracts (each processor is exactly-once; see docs/reference-pipeline.md):
+
+- ``intake`` (alts) merges the subjects of ``postings`` into one clearing lane, one subject per
+  step (whichever has data, round robin), adding where each instruction came from.
+- ``parse`` (map) parses the JSON payload and names the first failed check in ``malformed``.
+- ``fx`` (source) publishes one fixing (a row per currency) when ``convert`` has instructions
+  waiting and has used every fixing published so far (quotes on demand), so the join always
+  gets a batch from both inputs and never stalls; fixing ``k`` depends only on ``k``.
+- ``convert`` (join) prices each instruction at the latest fixing of its batch.
+- ``validate`` (fork) routes malformed instructions to ``malformed`` and decides OK / REJECTED for
+  the rest, in clearing-lane order, against its own delivered state (seen message ids, balances =
+  opening balances from the ``accounts`` directory + its delivered ledger entries).
+- ``ledger`` (sink) books the entries and balances in PostgreSQL in one transaction with the
+  delivery hash (:func:`cues_platform.processing.sinks.postgres_once`).
+
+``intake``, ``parse`` and ``convert`` are stateless: a batch that raises goes to ``errors`` (one
+row naming the input ranges). ``validate`` and ``ledger`` keep state, so they have no error
+queue: an exception stops them and the next start retries the same batch.
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from functools import reduce
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cues_platform.processing import ERROR_SCHEMA, Graph, In, Kind, Options, Out, Processor, QueueDef
+from cues_platform.reference import model as m
+
+GRAPH_NAME = "payments"
+FIXING_EPOCH = datetime(2026, 11, 20, tzinfo=UTC)
+DEFAULT_BATCH = 5_000
+
+
+# -- intake (alts) ----------------------------------------------------------------------------------
+def intake(ctx: Any, **postings: Any) -> pa.Table:
+    """Merge every subject of POSTINGS into the clearing lane (one subject per step, round robin);
+    keep each posting's subject and offset as ``posting_partition`` / ``posting_offset``."""
+    from pyspark.sql import functions as F
+
+    chosen = [b for b, r in ctx.inputs.items() if r.size] or list(postings)  # the alts binding
+    merged = reduce(lambda a, b: a.unionByName(b), [postings[b] for b in chosen])
+    return _in_lane_order(merged.select(F.col("_partition").alias("posting_partition"),
+                                        F.col("_offset").alias("posting_offset"), *m.POSTINGS.names, "_offset"))
+
+
+def _in_lane_order(frame: Any) -> pa.Table:
+    """Collect a step's output (it is collected once anyway) and sort it by the input offset on
+    the driver: cheaper than a Spark sort (no sampling job, no shuffle) for one batch."""
+    table = frame.toArrow() if hasattr(frame, "toArrow") else frame
+    return table.sort_by("_offset").drop_columns(["_offset"])
+
+
+# -- parse (map) ------------------------------------------------------------------------------------
+def parse(ctx: Any, instructions: Any) -> pa.Table:
+    """Parse the JSON payment instruction; ``malformed`` names the first failed check (missing
+    message id, unknown participant in the header, payload not a JSON object, a missing field, an
+    amount that is not a positive decimal with at most 2 places, a value date that is not a date)."""
+    from pyspark.sql import functions as F
+
+    obj = F.from_json("payload", "map<string,string>")
+    df = instructions.withColumn("_obj", obj)
+    field = {name: F.col("_obj").getItem(name) for name in (*m.PAYLOAD_FIELDS, "reference")}
+    amount_ok = field["amount"].rlike(r"^[0-9]{1,15}(\.[0-9]{1,2})?$")
+    date = F.expr("try_to_date(_obj['value_date'], 'yyyy-MM-dd')")
+    participants = list(m.PARTICIPANTS)
+    reason = (
+        F.when(F.col("message_id").isNull() | (F.trim("message_id") == ""), F.lit(m.MISSING_MESSAGE_ID))
+        .when(~F.col("sender").isin(participants) | (F.col("receiver") != F.col("posting_partition")),
+              F.lit(m.UNKNOWN_PARTICIPANT))
+        .when(F.col("_obj").isNull(), F.lit(m.PAYLOAD_NOT_JSON))
+    )
+    for name in m.PAYLOAD_FIELDS:
+        reason = reason.when(field[name].isNull() | (F.trim(field[name]) == ""),
+                             F.lit(f"{m.MISSING_FIELD}:{name}"))
+    reason = (reason.when(~amount_ok, F.lit(m.BAD_AMOUNT))
+              .when(field["amount"].try_cast("decimal(18,2)") <= 0, F.lit(m.BAD_AMOUNT))
+              .when(date.isNull(), F.lit(m.BAD_VALUE_DATE)))
+    return _in_lane_order(df.select(
+        *m.INSTRUCTIONS.names,
+        field["debtor_account"].alias("debtor_account"),
+        field["creditor_account"].alias("creditor_account"),
+        F.when(amount_ok, field["amount"].try_cast("decimal(18,2)")).alias("amount"),
+        field["currency"].alias("currency"),
+        date.alias("value_date"),
+        field["reference"].alias("reference"),
+        reason.alias("malformed"),
+        "_offset",
+    ))
+
+
+# -- fx (source) ------------------------------------------------------------------------------------
+def fixing(k: int, *, seed: int = 11) -> pa.Table:
+    """Fixing ``k``: one rate per currency within 0.5% of the reference rate, a function of k."""
+    rng = random.Random(f"fx:{seed}:{k}")
+    currencies = sorted(m.BASE_RATES)
+    rates = [1.0 if c == m.SETTLEMENT_CURRENCY else round(m.BASE_RATES[c] * (1 + rng.uniform(-0.005, 0.005)), 6)
+             for c in currencies]
+    at = FIXING_EPOCH + timedelta(minutes=10 * k)
+    return pa.table({"fixing": [k] * len(currencies), "currency": currencies, "rate": rates,
+                     "fixed_at": [at] * len(currencies)}, schema=m.FX_RATES)
+
+
+def convert_position(lake: Any) -> tuple[int, int]:
+    """Where ``convert`` has read up to in (parsed, fx_rates): its last snapshot's ends (a pending
+    snapshot is retried with the same ranges, so it counts as read)."""
+    from deltalake import DeltaTable
+
+    from cues_platform.processing.backing import Snapshot
+
+    uri = lake.system_uri("backing", "convert")
+    if not DeltaTable.is_deltatable(uri, storage_options=lake.options):
+        return 0, 0
+    backing = lake.queue("convert", uri=uri)
+    last = backing.last_offset("0")
+    if last is None:
+        return 0, 0
+    row = backing.read_arrow(partition="0", start=last, end=last + 1, columns=["snapshot"])
+    snap = Snapshot.from_json(row["snapshot"][0].as_py())
+    return snap.inputs["postings"].end, snap.inputs["rates"].end
+
+
+def make_fx(seed: int = 11) -> Any:
+    def fx(ctx: Any) -> pa.Table | None:
+        """Quote on demand: publish fixing ``ctx.step`` (one rate per currency, EUR per unit) when
+        ``convert`` has parsed instructions waiting and has read every fixing published so far;
+        otherwise nothing (not a step)."""
+        parsed_end = ctx.lake.queue("parsed").next_offset("0")
+        rates_end = ctx.lake.queue("fx_rates").next_offset("0")
+        read_postings, read_rates = convert_position(ctx.lake)
+        if parsed_end <= read_postings or rates_end > read_rates:
+            return None
+        return fixing(ctx.step, seed=seed)
+
+    return fx
+
+
+# -- convert (join) ---------------------------------------------------------------------------------
+def convert(ctx: Any, postings: Any, rates: Any) -> pa.Table:
+    """Price each parsed instruction in EUR at the latest fixing of this batch (per currency);
+    an unsupported currency leaves ``rate`` and ``settlement_amount`` null. Lane order is kept."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    latest = (rates.withColumn("_n", F.row_number().over(Window.partitionBy("currency").orderBy(F.desc("fixing"))))
+              .where("_n = 1").select("currency", F.col("fixing").alias("_fixing"), F.col("rate").alias("_rate")))
+    joined = postings.join(F.broadcast(latest), on="currency", how="left")
+    amount = F.round(F.col("amount").cast("decimal(38,10)") * F.col("_rate").cast("decimal(38,10)"), 2)
+    return _in_lane_order(joined.select(
+        *m.PARSED.names, F.col("_fixing").alias("fixing"), F.col("_rate").alias("rate"),
+        F.when(F.col("malformed").isNull(), amount.cast("decimal(18,2)")).alias("settlement_amount"), "_offset"))
+
+
+# -- validate (fork) --------------------------------------------------------------------------------
+def seen_message_ids(lake: Any) -> set[tuple[str, str]]:
+    results = lake.queue("results")
+    seen: set[tuple[str, str]] = set()
+    for p in results.partitions:
+        t = results.read_arrow(partition=p, columns=["sender", "message_id"])
+        seen.update(zip(t["sender"].to_pylist(), t["message_id"].to_pylist(), strict=True))
+    return seen
+
+
+def current_balances(lake: Any) -> dict[str, Decimal]:
+    """Opening balances from the directory plus every delivered ledger entry."""
+    directory = lake.queue("accounts").read_arrow(partition="0", columns=["account", "opening_balance"])
+    balances = dict(zip(directory["account"].to_pylist(), directory["opening_balance"].to_pylist(), strict=True))
+    entries = lake.queue("ledger_entries").read_arrow(
+        partition="0", columns=["debtor_account", "creditor_account", "amount"])
+    if entries.num_rows:
+        for col, sign in (("debtor_account", -1), ("creditor_account", 1)):
+            sums = entries.group_by(col).aggregate([("amount", "sum")])
+            for acct, total in zip(sums[col].to_pylist(), sums["amount_sum"].to_pylist(), strict=True):
+                balances[acct] = balances.get(acct, Decimal(0)) + sign * total
+    return balances
+
+
+def validate(ctx: Any, priced: Any) -> dict[str, pa.Table]:
+    """Route malformed instructions to ``malformed``; decide the others: REJECTED
+    for a message id the sender used before (``duplicate_message_id``), a currency without a rate
+    (``bad_currency``), a debtor or creditor account not in the directory (``unknown_account``), a
+    debtor balance below the amount (``insufficient_funds``); else OK, booked as a ledger entry.
+    Rows are decided in clearing-lane order (a replay always comes after its original).
+    Sequential by nature, so the batch is collected to the driver (one Spark job)."""
+    batch = priced.toArrow() if hasattr(priced, "toArrow") else priced
+    rows = batch.sort_by("_offset").to_pylist()  # clearing-lane order
+    seen = seen_message_ids(ctx.lake)
+    balances = current_balances(ctx.lake)
+    directory_owner = _directory_owners(ctx.lake)
+    results, entries, malformed = [], [], []
+    for r in rows:
+        if r["malformed"] is not None:
+            malformed.append({k: r[k] for k in m.MALFORMED.names if k != "reason"} | {"reason": r["malformed"]})
+            continue
+        key = (r["sender"], r["message_id"])
+        amount = r["settlement_amount"]
+        if key in seen:
+            reason = m.DUPLICATE_MESSAGE_ID
+        elif r["rate"] is None:
+            reason = m.BAD_CURRENCY
+        elif (directory_owner.get(r["debtor_account"]) != r["sender"]
+              or directory_owner.get(r["creditor_account"]) != r["receiver"]):
+            reason = m.UNKNOWN_ACCOUNT
+        elif balances.get(r["debtor_account"], Decimal(0)) < amount:
+            reason = m.INSUFFICIENT_FUNDS
+        else:
+            reason = None
+        seen.add(key)
+        if reason is None:
+            balances[r["debtor_account"]] -= amount
+            balances[r["creditor_account"]] += amount
+            entries.append({"entry_id": f"{r['sender']}/{r['message_id']}", "sender": r["sender"],
+                            "receiver": r["receiver"], "debtor_account": r["debtor_account"],
+                            "creditor_account": r["creditor_account"], "amount": amount,
+                            "value_date": r["value_date"], "posting_partition": r["posting_partition"],
+                            "posting_offset": r["posting_offset"]})
+        results.append({k: r[k] for k in m.RESULTS.names if k not in ("status", "reason")}
+                       | {"status": m.REJECTED if reason else m.OK, "reason": reason})
+    out = {"results": pa.Table.from_pylist(results, schema=m.RESULTS),
+           "ledger_entries": pa.Table.from_pylist(entries, schema=m.LEDGER_ENTRIES),
+           "malformed": pa.Table.from_pylist(malformed, schema=m.MALFORMED)}
+    return {k: v for k, v in out.items() if v.num_rows}  # empty outputs are simply not written
+
+
+def _directory_owners(lake: Any) -> dict[str, str]:
+    t = lake.queue("accounts").read_arrow(partition="0", columns=["account", "participant"])
+    return dict(zip(t["account"].to_pylist(), t["participant"].to_pylist(), strict=True))
+
+
+# -- ledger (sink) ----------------------------------------------------------------------------------
+def ledger(ctx: Any, entries: Any) -> None:
+    """Book the entries and move the balances in PostgreSQL, once per delivery (the delivery hash
+    row commits with them). Needs the ``ledger`` resource (:class:`LedgerDB`)."""
+    from cues_platform.reference.ledger import book
+
+    table = entries.toArrow() if hasattr(entries, "toArrow") else entries
+    book(ctx, ctx.resources["ledger"], table.drop_columns([c for c in table.column_names if c.startswith("_")]))
+
+
+# -- the graph --------------------------------------------------------------------------------------
+def payments_graph(*, batch_size: int = DEFAULT_BATCH, fx_seed: int = 11,
+                   participants: tuple[str, ...] = m.PARTICIPANTS) -> Graph:
+    """The reference payments graph (queues, processors, options)."""
+    opts = Options(batch_size=batch_size)
+    bindings = {p.replace("-", "_"): In("postings", p) for p in participants}
+    return Graph.build(
+        name=GRAPH_NAME,
+        queues=[
+            QueueDef("postings", m.POSTINGS, participants),
+            QueueDef("instructions", m.INSTRUCTIONS),
+            QueueDef("parsed", m.PARSED),
+            QueueDef("fx_rates", m.FX_RATES),
+            QueueDef("priced", m.PRICED),
+            QueueDef("results", m.RESULTS, participants),
+            QueueDef("ledger_entries", m.LEDGER_ENTRIES),
+            QueueDef("malformed", m.MALFORMED),
+            QueueDef("accounts", m.ACCOUNTS),
+            QueueDef("errors", ERROR_SCHEMA),
+        ],
+        processors=[
+            Processor("fx", Kind.SOURCE, make_fx(fx_seed), outputs={"rates": Out("fx_rates")}, options=opts),
+            Processor("intake", Kind.ALTS, intake, bindings, {"instructions": Out("instructions")},
+                      error_queue="errors", options=opts),
+            Processor("parse", Kind.MAP, parse, {"instructions": In("instructions")}, {"parsed": Out("parsed")},
+                      error_queue="errors", options=opts),
+            Processor("convert", Kind.JOIN, convert, {"postings": In("parsed"), "rates": In("fx_rates")},
+                      {"priced": Out("priced")}, error_queue="errors", options=opts),
+            Processor("validate", Kind.FORK, validate, {"priced": In("priced")},
+                      {"results": Out("results", partition=None, partition_column="sender"),
+                       "ledger_entries": Out("ledger_entries"), "malformed": Out("malformed")},
+                      options=opts),
+            Processor("ledger", Kind.SINK, ledger, {"entries": In("ledger_entries")}, options=opts),
+        ],
+    )
+
+
+graph = payments_graph()  # for `cues graph show cues_platform.reference.pipeline:graph`
+
+__all__ = ["GRAPH_NAME", "convert", "fixing", "graph", "intake", "ledger", "make_fx", "parse",
+           "payments_graph", "validate"]
