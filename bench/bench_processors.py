@@ -29,7 +29,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine_info, median, percentile, write_json  # noqa: E402
 
 from cues_platform.processing import (  # noqa: E402
-    GraphRunner, Graph, In, Kind, Options, Out, Processor, QueueDef, Strategy,
+    Graph,
+    GraphRunner,
+    In,
+    Kind,
+    Options,
+    Out,
+    Processor,
+    QueueDef,
+    Strategy,
 )
 from cues_platform.processing.backing import BackingQueue, Range, Record, RecordType, Snapshot  # noqa: E402
 from cues_platform.processing.runner import create_queues  # noqa: E402
@@ -104,8 +112,9 @@ def strategies_side_by_side(spark, sizes: list[tuple[int, int, int]]) -> list[di
     rows = []
     for batch, steps, rounds in sizes:
         by = {s: [] for s in Strategy}
-        for _ in range(rounds):
-            for s in (Strategy.AT_LEAST_ONCE, Strategy.EXACTLY_ONCE, Strategy.AT_MOST_ONCE):
+        order = [Strategy.AT_LEAST_ONCE, Strategy.EXACTLY_ONCE, Strategy.AT_MOST_ONCE]
+        for r in range(rounds):  # rotate the order each round: no strategy always runs first
+            for s in order[r % 3:] + order[: r % 3]:
                 by[s].append(run_graph(spark, s, batch, steps)["messages_per_s"])
         ratios = [eo / alo for eo, alo in zip(by[Strategy.EXACTLY_ONCE], by[Strategy.AT_LEAST_ONCE], strict=True)]
         row = {"messages_per_step": batch, "steps": steps, "rounds": rounds,
@@ -143,33 +152,69 @@ def protocol_overhead(spark, steps: int) -> dict:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def build_history(lake: Lake, g: Graph, n: int) -> None:
+    """A backing queue of ``convert`` holding ``n`` records, one Delta commit each, as ``n`` steps
+    leave it: a real fence and real first and last appends; records 1..n-2 are written by
+    ``bench_queues.build_commits_fast`` (same files and log entries as ``append``, without its
+    per-commit cost that grows with the table: 10,000 real commits take most of an hour)."""
+    from bench_queues import build_commits_fast
+
+    from cues_platform.queues import maintenance
+
+    backing = BackingQueue(lake, "convert")
+    epoch = backing.fence()
+
+    def record(step: int) -> Record:
+        snap = Snapshot("convert", step, {"orders": Range("orders", "0", step * 10, step * 10 + 10)})
+        return Record(RecordType.ATTEMPT_NIL, snap, epoch)
+
+    backing.append(record(0))
+    if n > 2:
+        build_commits_fast(backing.queue, n - 1, 1, template_version=backing.queue.version())
+    maintenance.checkpoint(backing.queue)  # what delta-rs does by itself every 100 commits
+    BackingQueue(lake, "convert").append(record(n - 1))
+
+
+def time_recovery(spark, root: str, g: Graph, n: int, runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        fresh = Lake(root=root)  # a new process's view: nothing cached
+        t = time.perf_counter()
+        stepper = ExactlyOnceStepper(graph=g, processor=g.processors["convert"], lake=fresh, spark=spark)
+        stepper.recover()
+        times.append(time.perf_counter() - t)
+        assert stepper.next_step == n, (stepper.next_step, n)
+    return median(times)
+
+
 def recovery_time(spark, histories: list[int], runs: int) -> dict:
-    out = {}
+    """Recovery (open the backing queue, fence, read the last record) after ``n`` steps, as left
+    by the steps (one file per record, checkpointed), and after ``maintain`` (compact, checkpoint,
+    vacuum) as a maintained deployment keeps it."""
+    from cues_platform.queues import maintenance
+
+    out: dict = {}
     for n in histories:
         root = tempfile.mkdtemp(prefix="cues-bench-")
         try:
             lake = Lake(root=root)
             g = graph(Strategy.EXACTLY_ONCE, 10)
             create_queues(g, lake)
-            backing = BackingQueue(lake, "convert")
-            epoch = backing.fence()
-            for step in range(n):  # one commit per record, as real steps make them
-                snap = Snapshot("convert", step, {"orders": Range("orders", "0", step * 10, step * 10 + 10)})
-                backing.append(Record(RecordType.ATTEMPT_NIL, snap, epoch))
-            times = []
-            for _ in range(runs):
-                fresh = Lake(root=root)
-                t = time.perf_counter()
-                stepper = ExactlyOnceStepper(graph=g, processor=g.processors["convert"], lake=fresh, spark=spark)
-                stepper.recover()
-                times.append(time.perf_counter() - t)
-                assert stepper.next_step == n
-            out[str(n)] = {"records": n, "recover_s_median": median(times), "runs": runs}
+            t = time.perf_counter()
+            build_history(lake, g, n)
+            build_s = time.perf_counter() - t
+            raw = time_recovery(spark, root, g, n, runs)
+            maintenance.maintain(BackingQueue(Lake(root=root), "convert").queue, retention_hours=0)
+            maintained = time_recovery(spark, root, g, n, runs)
+            out[str(n)] = {"records": n, "recover_s_median": raw, "recover_maintained_s_median": maintained,
+                           "runs": runs, "build_s": build_s}
             print(n, out[str(n)], flush=True)
         finally:
             shutil.rmtree(root, ignore_errors=True)
-    keys = [str(h) for h in histories]
-    out["ratio_large_over_small"] = out[keys[-1]]["recover_s_median"] / out[keys[0]]["recover_s_median"]
+    first, last = str(histories[0]), str(histories[-1])
+    out["ratio_large_over_small"] = out[last]["recover_s_median"] / out[first]["recover_s_median"]
+    out["ratio_large_over_small_maintained"] = (out[last]["recover_maintained_s_median"]
+                                                / out[first]["recover_maintained_s_median"])
     return out
 
 
@@ -190,8 +235,8 @@ def main() -> None:
     if args.quick:
         sizes, overhead_steps, histories, mem = [(1000, 3, 1), (10_000, 2, 1)], 10, [10, 200], 10_000
     else:
-        sizes = [(1000, 10, 3), (10_000, 6, 3), (100_000, 4, 3), (1_000_000, 2, 2)]
-        overhead_steps, histories, mem = 40, [10, 10_000], 1_000_000
+        sizes = [(1000, 8, 3), (10_000, 5, 3), (100_000, 3, 3), (1_000_000, 1, 3)]
+        overhead_steps, histories, mem = 40, [10, 1_000, 10_000], 1_000_000
     results = {
         "machine": machine_info(),
         "strategies": strategies_side_by_side(spark, sizes),

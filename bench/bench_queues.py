@@ -408,28 +408,34 @@ def bench_range_read(lake: Lake, cfg: dict) -> dict:
 
 
 # -- 4. open + read vs number of commits ---------------------------------------------------------
-def build_commits_fast(q: Queue, commits: int, rows: int) -> float:
+def build_commits_fast(q: Queue, commits: int, rows: int, *, template_version: int = 1) -> float:
     """Bring ``q`` (which holds exactly one append of ``rows`` rows, made by ``Queue.append``) to
     ``commits`` appends by writing commits 2..N directly: for each, a ``rows``-row Parquet file
     (the first file with its ``_offset`` column renumbered) and a log entry that copies the first
     commit's actions (commitInfo, add with statistics, txn ``part:0``) with the new path, offsets
     and versions. This is what ``Queue.append`` would write, without its per-commit cost that
     grows with the table (see the growth curve), which would make 10,000 commits take hours.
-    No checkpoint is written; the caller decides. Returns the seconds spent."""
+    No checkpoint is written; the caller decides. Returns the seconds spent.
+
+    ``template_version`` is the log version of that first append (1 for a plain queue; later when
+    other commits came first, as the backing queue's epoch fence). Other app transactions of the
+    template (a backing queue's epoch) are copied unchanged."""
     t0 = time.perf_counter()
     root = Path(q.uri)
     log_dir = root / "_delta_log"
-    lines = [json.loads(line) for line in (log_dir / f"{1:020d}.json").read_text().splitlines()]
+    lines = [json.loads(line) for line in (log_dir / f"{template_version:020d}.json").read_text().splitlines()]
     commit_info = next(a["commitInfo"] for a in lines if "commitInfo" in a)
     add = next(a["add"] for a in lines if "add" in a)
-    txn = next(a["txn"] for a in lines if "txn" in a)
+    txns = [a["txn"] for a in lines if "txn" in a]
+    txn = next(t for t in txns if t["appId"] == f"part:{PARTITION}")
+    others = [{"txn": t} for t in txns if t is not txn]
     assert txn["appId"] == f"part:{PARTITION}" and txn["version"] == rows, txn
     template = pq.ParquetFile(root / add["path"]).read()
     offset_idx = template.schema.get_field_index("_offset")
     stats = json.loads(add["stats"])
     folder = Path(add["path"]).parent
-    for version in range(2, commits + 1):
-        start = (version - 1) * rows
+    for version in range(template_version + 1, template_version + commits):
+        start = (version - template_version) * rows
         data = template.set_column(
             offset_idx,
             template.schema.field(offset_idx),
@@ -458,6 +464,7 @@ def build_commits_fast(q: Queue, commits: int, rows: int) -> float:
                 }
             },
             {"txn": {"appId": txn["appId"], "version": start + rows}},
+            *others,
         ]
         text = "\n".join(json.dumps(a, separators=(",", ":")) for a in entry) + "\n"
         with open(log_dir / f"{version:020d}.json", "x") as fh:  # never overwrite a version

@@ -9,6 +9,7 @@ import pandera.pandas as pda
 import pyarrow as pa
 import pytest
 
+from cues_platform.audit import audit
 from cues_platform.processing import (
     ERROR_SCHEMA,
     Graph,
@@ -22,7 +23,6 @@ from cues_platform.processing import (
     SimulatedCrash,
     UnhandledStepError,
 )
-from cues_platform.audit import audit
 from cues_platform.processing.contracts import split_by_contract
 from cues_platform.queues import SchemaError
 
