@@ -62,6 +62,13 @@ def stop_embedded_postgres(data_dir: str | Path) -> bool:
     if info is None or not info.is_running():
         return False
     user = "pgserver" if hasattr(os, "geteuid") and os.geteuid() == 0 else None
+    if user is not None:
+        # pgserver opened the path's parents to the ``pgserver`` user when it started the server;
+        # something may have closed one since (pytest makes /tmp/pytest-of-<user> 0700 again at
+        # every start), and pg_ctl runs as that user: open them again, as pgserver itself does.
+        from pgserver.utils import ensure_prefix_permissions
+
+        ensure_prefix_permissions(path)
     pg_ctl(["-w", "-m", "fast", "stop"], pgdata=path, user=user)
     return True
 
