@@ -5,6 +5,14 @@ so the last record is one O(1) read: offset ``next - 1``, found through file sta
 Every append carries the app transaction ``epoch``; a new instance of the processor commits a
 higher epoch (with an empty commit: no record), after which an older instance's appends fail
 their epoch check or conflict, so the backing queue has one writer at a time.
+
+Keeping recovery O(1) as steps pile up: every step adds two commits and two files, and Delta's
+own per-table costs (the fence commit, opening the log) grow with both. Nothing ever reads an
+old version of a backing queue (recovery and the auditor read the latest snapshot), so its log
+and tombstones are kept for ``BACKING_RETENTION`` only, and the stepper compacts, checkpoints
+and trims it every ``Options.backing_maintenance_every`` steps (:meth:`BackingQueue.maintain`).
+Files of replaced snapshots are vacuumed after the default vacuum retention (24 h), so a reader
+holding an older snapshot never loses a file.
 """
 
 from __future__ import annotations
@@ -25,6 +33,9 @@ from cues_platform.queues import Lake, Queue
 from cues_platform.queues.appender import append_batches
 
 EPOCH_APP_ID = "epoch"
+BACKING_RETENTION = "interval 1 hours"
+BACKING_PROPERTIES = {"delta.logRetentionDuration": BACKING_RETENTION,
+                      "delta.deletedFileRetentionDuration": BACKING_RETENTION}
 SCHEMA = pa.schema([
     pa.field("type", pa.string(), nullable=False),
     pa.field("step", pa.int64(), nullable=False),
@@ -128,7 +139,7 @@ class BackingQueue:
         self.processor_id = processor_id
         self.queue: Queue = lake.create_queue(
             processor_id, schema=SCHEMA, partitions=("0",), exist_ok=True,
-            uri=lake.system_uri("backing", processor_id),
+            uri=lake.system_uri("backing", processor_id), properties=BACKING_PROPERTIES,
             description=f"backing queue of processor {processor_id}")
 
     def epoch(self, dt: DeltaTable | None = None) -> int:
@@ -166,6 +177,13 @@ class BackingQueue:
                                 commit_metadata={"cues.step": str(record.step)})
         return Record(record.type, record.snapshot, record.epoch, record.outputs, record.error,
                       result.first_offset)
+
+    def maintain(self) -> None:
+        """Compact the records into few files, checkpoint, drop log entries and tombstones older
+        than ``BACKING_RETENTION``, vacuum files unreferenced for 24 h. Changes no record."""
+        from cues_platform.queues import maintenance
+
+        maintenance.maintain(self.queue)
 
     def last_record(self) -> Record | None:
         """The newest record, read in O(1) whatever the history's length."""

@@ -61,6 +61,7 @@ class Options:
     batch_size: int = 10_000
     poll_interval: float = 0.5
     strategy: Strategy = Strategy.EXACTLY_ONCE
+    backing_maintenance_every: int = 1_000  # steps between backing-queue compactions; 0: never
 
 
 @dataclass(frozen=True)
@@ -212,6 +213,9 @@ def validate_graph(graph: Graph) -> None:
             raise GraphError(f"{where}: error queue {err!r} is not a declared queue", processor=p.id)
         if p.options.batch_size < 1:
             raise GraphError(f"{where}: batch_size must be >= 1", processor=p.id)
+        if p.options.backing_maintenance_every < 0:
+            raise GraphError(f"{where}: backing_maintenance_every must be >= 0 (0: never)",
+                             processor=p.id)
     graph.topological_order()
 
 

@@ -14,7 +14,8 @@ Persistence, on every step (``ExactlyOnceStepper.step``):
    a fork's outputs end all delivered even with a non-deterministic function.
 5. Commit each output queue in one Delta commit carrying the delivery hash in its rows and the
    app transaction ``proc:{processor} = step``; a queue that already has the step is skipped.
-6. Advance to the snapshot's ends; the next step starts there.
+6. Advance to the snapshot's ends; the next step starts there. Every
+   ``Options.backing_maintenance_every`` steps, compact the backing queue (no record changes).
 
 Recovery, once on start (``recover``), reads only the last backing record (O(1) in history):
 no record → step 0 from offset 0; a snapshot → retry it (its alts binding included); an attempt →
@@ -244,6 +245,9 @@ class ExactlyOnceStepper(StepBase):
         # Step 6
         self.pending = None
         self.advance(snapshot)
+        every = self.processor.options.backing_maintenance_every
+        if every and self.next_step % every == 0:
+            self.backing.maintain()
         return result_
 
 

@@ -94,11 +94,13 @@ class Lake:
         description: str = "",
         exist_ok: bool = False,
         uri: str | None = None,
+        properties: Mapping[str, str] | None = None,
     ) -> Queue:
         """Create a queue (an empty Delta table) and return its handle.
 
         With ``exist_ok`` an existing queue of the same payload schema is returned; a different
         schema raises :class:`QueueExistsError` rather than silently mixing contracts.
+        ``properties`` are extra Delta table properties set at creation (``delta.*`` only).
         """
         from cues_platform.queues.queue import Queue
 
@@ -139,6 +141,7 @@ class Lake:
                 MAX_ROWS_KEY: str(max_batch_rows),
                 FORMAT_KEY: "1",
                 "delta.checkpointInterval": "100",
+                **_delta_properties(name, properties),
             },
             storage_options=self.options,
             raise_if_key_not_exists=False,
@@ -176,3 +179,13 @@ class Lake:
             raise QueueNotFoundError(
                 f"{what} does not exist at {uri}; create it first (Lake.create_queue)", uri=uri
             ) from exc
+
+
+def _delta_properties(name: str, properties: Mapping[str, str] | None) -> dict[str, str]:
+    props = dict(properties or {})
+    bad = sorted(k for k in props if not k.startswith("delta."))
+    if bad:
+        raise ConfigurationError(
+            f"queue {name!r}: only delta.* table properties may be set, not {bad}; the cues.* "
+            "properties belong to the queue layer", queue=name)
+    return {k: str(v) for k, v in props.items()}

@@ -31,6 +31,16 @@ def test_bad_partition_names_are_refused(lake) -> None:
         lake.create_queue("q", schema=PAYLOAD, partitions=["../x"])
 
 
+def test_only_delta_table_properties_may_be_set(lake) -> None:
+    from cues_platform.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=r"only delta\.\* table properties"):
+        lake.create_queue("q", schema=PAYLOAD, properties={"cues.partitions": "[]"})
+    assert not lake.has_queue("q")
+    q = lake.create_queue("q", schema=PAYLOAD, properties={"delta.logRetentionDuration": "interval 2 days"})
+    assert q.refresh().metadata().configuration["delta.logRetentionDuration"] == "interval 2 days"
+
+
 def test_payload_column_named_like_metadata_is_refused(lake) -> None:
     with pytest.raises(ReservedColumnError) as info:
         lake.create_queue("q", schema=pa.schema([("_offset", pa.int64())]))
