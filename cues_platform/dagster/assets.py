@@ -1,0 +1,331 @@
+"""Processor assets: one ``multi_asset`` per processor, one asset per output queue.
+
+A materialization runs ``GraphRunner(graph, lake, spark, only=[processor])``: recovery first
+(fence older instances, roll forward a prepared attempt, or retry a recorded snapshot), then steps
+until the inputs are drained or a bound of :class:`ProcessorRunConfig` is hit. Because recovery
+and the step protocol live in the lake (backing queue, app transactions), whatever re-runs the op
+— an op retry, a run retry, re-execution from failure, a rerun by hand — continues exactly where
+the failed attempt stopped: no input is skipped and no output is written twice.
+"""
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dagster import (
+    AssetDep,
+    AssetExecutionContext,
+    AssetKey,
+    AssetSpec,
+    Config,
+    MaterializeResult,
+    RetryPolicy,
+    TableColumn,
+    TableSchema,
+    multi_asset,
+)
+from pydantic import Field
+
+from cues_platform.dagster.io_manager import QUEUE_METADATA
+from cues_platform.dagster.resources import describe_record, spark_session_of
+from cues_platform.processing.graph import Graph, Kind, Processor, QueueDef, Strategy
+from cues_platform.processing.runner import GraphRunner, ProcessorStats
+from cues_platform.processing.step import StepResult
+
+LAKE_KEY = "lake"
+SPARK_KEY = "spark"
+BACKING_KEY = "backing"
+IO_MANAGER_KEY = "cues_io_manager"
+KINDS = {"spark", "delta"}
+
+
+class InjectedFailure(RuntimeError):
+    """Raised by the fault-injection hook of :class:`ProcessorRunConfig` (tests, drills)."""
+
+
+class ProcessorRunConfig(Config):
+    """Run config of one processor materialization (launchpad: ``ops.<processor>.config``).
+
+    Bounds: the run stops stepping when any bound is reached (the next run goes on from there);
+    none set means "until the inputs are drained".
+
+    Fault injection, for tests and recovery drills: raise an exception at protocol point
+    ``inject_failure_at`` (``before_snapshot``, ``after_snapshot``, ``after_prepare``,
+    ``after_attempt``, ``between_commits``, ``after_commit``, ``recovery_fenced``) of step
+    ``inject_failure_step`` (any step when unset). With ``inject_failure_once_file`` it fires only
+    while that file does not exist and creates it, so a retry of the run succeeds. Points inside
+    the user function (``after_read``, ``after_function``) are handled like a user error (error
+    queue), not as a crash.
+    """
+
+    max_steps: int | None = Field(default=None, description="stop after this many steps")
+    max_rows: int | None = Field(default=None, description="stop once this many input rows are read")
+    max_seconds: float | None = Field(default=None, description="stop stepping after this long")
+    inject_failure_at: str | None = None
+    inject_failure_step: int | None = None
+    inject_failure_once_file: str | None = None
+
+
+# -- keys and specs ---------------------------------------------------------------------------------
+def queue_key(name: str, prefix: Sequence[str] = ()) -> AssetKey:
+    return AssetKey([*prefix, name])
+
+
+def output_queues(proc: Processor) -> list[str]:
+    seen: list[str] = []
+    for out in proc.outputs.values():
+        if out.queue not in seen:
+            seen.append(out.queue)
+    return seen
+
+
+def processor_keys(proc: Processor, prefix: Sequence[str] = ()) -> list[AssetKey]:
+    """The asset keys a processor materializes: its output queues, or its own id for a sink."""
+    queues = output_queues(proc)
+    return [queue_key(q, prefix) for q in queues] if queues else [AssetKey([*prefix, proc.id])]
+
+
+def external_queues(graph: Graph) -> list[str]:
+    """Queues read by some processor and written by none (source assets of the graph)."""
+    out: list[str] = []
+    for proc in graph.processors.values():
+        for src in proc.inputs.values():
+            if not graph.producers_of(src.queue) and src.queue not in out:
+                out.append(src.queue)
+    return out
+
+
+def column_schema(qdef: QueueDef) -> TableSchema:
+    return TableSchema(columns=[TableColumn(f.name, str(f.type)) for f in qdef.schema])
+
+
+def _tag(value: str) -> str:
+    return "".join(c if c.isalnum() or c in "_-." else "_" for c in value)[:63]
+
+
+def external_spec(graph: Graph, name: str, *, prefix: Sequence[str], group_name: str | None) -> AssetSpec:
+    qdef = graph.queues[name]
+    readers = sorted(p.id for p in graph.processors.values() if any(i.queue == name for i in p.inputs.values()))
+    return AssetSpec(
+        queue_key(name, prefix),
+        description=f"External input queue {name!r} of graph {graph.name!r} (written by producers "
+                    f"outside the graph; read by {', '.join(readers)}).",
+        group_name=group_name,
+        kinds={"delta"},
+        tags={"cues/role": "external_queue"},
+        metadata={QUEUE_METADATA: name, "cues/partitions": list(qdef.partitions),
+                  "dagster/column_schema": column_schema(qdef)},
+    ).with_io_manager_key(IO_MANAGER_KEY)
+
+
+def processor_specs(graph: Graph, proc: Processor, *, prefix: Sequence[str],
+                    group_name: str | None) -> list[AssetSpec]:
+    deps: list[AssetDep] = []
+    for src in proc.inputs.values():
+        key = queue_key(src.queue, prefix)
+        if all(d.asset_key != key for d in deps):
+            deps.append(AssetDep(key))
+    tags = {"cues/kind": proc.kind.value, "cues/strategy": proc.strategy.value,
+            "cues/processor": _tag(proc.id), "cues/graph": _tag(graph.name)}
+    doc = proc.doc or f"{proc.kind.value} processor {proc.id!r} of graph {graph.name!r}"
+    common = {"cues/processor": proc.id, "cues/kind": proc.kind.value,
+              "cues/strategy": proc.strategy.value, "cues/batch_size": proc.options.batch_size,
+              "cues/inputs": {b: f"{i.queue}/{i.partition}" for b, i in proc.inputs.items()}}
+    err = graph.error_queue_of(proc)
+    if err:
+        common["cues/error_queue"] = err
+    specs = []
+    queues = output_queues(proc)
+    if not queues:
+        return [AssetSpec(AssetKey([*prefix, proc.id]), deps=deps, description=doc,
+                          group_name=group_name, kinds=set(KINDS), tags={**tags, "cues/sink": "true"},
+                          metadata=common)]
+    for q in queues:
+        qdef = graph.queues[q]
+        meta = {**common, QUEUE_METADATA: q, "cues/partitions": list(qdef.partitions),
+                "dagster/column_schema": column_schema(qdef)}
+        if len(queues) > 1:
+            desc = f"{doc}\n\nOutput queue {q!r} of {proc.kind.value} processor {proc.id!r}."
+        else:
+            desc = doc
+        specs.append(AssetSpec(queue_key(q, prefix), deps=deps, description=desc,
+                               group_name=group_name, kinds=set(KINDS), tags=tags,
+                               metadata=meta).with_io_manager_key(IO_MANAGER_KEY))
+    return specs
+
+
+# -- running ------------------------------------------------------------------------------------
+def fault_hook(config: ProcessorRunConfig, processor_id: str,
+               stepper_of: Callable[[], Any]) -> Callable[[str], None] | None:
+    if not config.inject_failure_at:
+        return None
+
+    def hook(point: str) -> None:
+        if point != config.inject_failure_at:
+            return
+        stepper = stepper_of()
+        pending = getattr(stepper, "pending", None)
+        step = pending.step if pending is not None else getattr(stepper, "next_step", None)
+        if config.inject_failure_step is not None and step != config.inject_failure_step:
+            return
+        if config.inject_failure_once_file:
+            marker = Path(config.inject_failure_once_file)
+            if marker.exists():
+                return
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text(f"{processor_id} {point} step {step}\n")
+        raise InjectedFailure(f"injected failure at {point} of step {step} (processor {processor_id!r})")
+
+    return hook
+
+
+def drive(runner: GraphRunner, pid: str, config: ProcessorRunConfig) -> str:
+    """Recovery, then ``step_once`` until drained or a bound is hit; returns why it stopped."""
+    started = time.monotonic()
+    runner.recover()
+    steps = rows = 0
+    while True:
+        if config.max_steps is not None and steps >= config.max_steps:
+            return "max_steps"
+        if config.max_rows is not None and rows >= config.max_rows:
+            return "max_rows"
+        if config.max_seconds is not None and time.monotonic() - started >= config.max_seconds:
+            return "max_seconds"
+        result = runner.step_once(pid)
+        if result is None:
+            return "drained"
+        steps += 1
+        rows += result.rows_in or sum(result.rows_out.values())
+
+
+def _ranges(results: Sequence[StepResult]) -> dict[str, str]:
+    spans: dict[str, list[int]] = {}
+    for r in results:
+        for rng in r.inputs.values():
+            if not rng.size:
+                continue
+            key = f"{rng.queue}/{rng.partition}"
+            lo, hi = spans.get(key, [rng.start, rng.end])
+            spans[key] = [min(lo, rng.start), max(hi, rng.end)]
+    return {k: f"[{lo}, {hi})" for k, (lo, hi) in sorted(spans.items())}
+
+
+def pending_delivery(lake: Any, processor_id: str, record: Any) -> bool:
+    """True when ``record`` is an attempt whose commits are not all in its queues yet (recovery
+    will roll it forward); False for a delivered attempt, a snapshot or no record."""
+    if record is None or not record.is_attempt:
+        return False
+    from cues_platform.processing.outputs import delivered_to
+
+    files = record.outputs.get("files", {})
+    return not all(delivered_to(lake.queue(q), processor_id, record.step) for q in files)
+
+
+def run_metadata(graph: Graph, proc: Processor, runner: GraphRunner, stopped: str,
+                 found: dict[str, Any], rolled_forward: bool, elapsed: float) -> dict[str, Any]:
+    """Metadata shared by every output of one processor materialization.
+
+    Recovery re-reports the last attempt even when it was delivered already; such a no-op is not
+    counted as a step here (``rolled_forward`` says whether recovery committed anything)."""
+    stats: ProcessorStats = runner.stats[proc.id]
+    stepper = runner.steppers[proc.id]
+    results = [r for r in stats.results if rolled_forward or not r.recovered]
+    err = graph.error_queue_of(proc)
+    to_errors = sum(r.rows_out.get(err, 0) for r in results if r.outcome == "error") if err else 0
+    outcomes = {k: sum(r.outcome == k for r in results) for k in ("output", "error", "nil")}
+    lag: dict[str, int] = {}
+    for binding, src in proc.inputs.items():
+        queue = runner.lake.queue(src.queue)
+        pos = getattr(stepper, "positions", {}).get(binding, 0)
+        lag[f"{src.queue}/{src.partition}"] = max(0, queue.next_offset(src.partition) - pos)
+    rows_out = sum(sum(r.rows_out.values()) for r in results)
+    meta: dict[str, Any] = {
+        "cues/steps": len(results),
+        "cues/stopped": stopped,
+        "cues/outcomes": outcomes,
+        "cues/input_ranges": _ranges(results),
+        "cues/rows_in": sum(r.rows_in for r in results),
+        "cues/rows_out": rows_out - to_errors,
+        "cues/rows_to_errors": to_errors,
+        "cues/recovered_attempts": sum(r.recovered for r in results),
+        "cues/lag": lag,
+        "cues/lag_total": sum(lag.values()),
+        "cues/seconds": round(elapsed, 3),
+    }
+    if found:
+        meta["cues/recovery_found"] = found
+    pending = getattr(stepper, "pending", None)
+    if results:
+        meta["cues/first_delivery_hash"] = results[0].delivery_hash
+        meta["cues/last_delivery_hash"] = results[-1].delivery_hash
+        meta["cues/first_step"] = results[0].step
+        meta["cues/last_step"] = results[-1].step
+    if pending is not None:
+        meta["cues/pending_step"] = pending.step
+    return meta
+
+
+def build_processor_asset(graph: Graph, proc: Processor, *, prefix: Sequence[str] = (),
+                          group_name: str | None = None, retry_policy: RetryPolicy | None = None,
+                          runner_resource_keys: Sequence[str] = ()) -> Any:
+    """The ``multi_asset`` of one processor (op name = processor id)."""
+    specs = processor_specs(graph, proc, prefix=prefix, group_name=group_name)
+    queues = output_queues(proc)
+    pid = proc.id
+    user_keys = tuple(runner_resource_keys)
+
+    @multi_asset(
+        name=pid,
+        specs=specs,
+        description=proc.doc or None,
+        required_resource_keys={LAKE_KEY, SPARK_KEY, *user_keys},
+        retry_policy=retry_policy,
+        can_subset=False,
+        op_tags={"cues/processor": _tag(pid), "cues/kind": proc.kind.value},
+    )
+    def _materialize(context: AssetExecutionContext, config: ProcessorRunConfig):
+        lake = getattr(context.resources, LAKE_KEY).lake()
+        spark = spark_session_of(getattr(context.resources, SPARK_KEY))
+        resources: Mapping[str, Any] = {k: getattr(context.resources, k) for k in user_keys}
+        holder: dict[str, Any] = {}
+        hook = fault_hook(config, pid, lambda: holder.get("stepper"))
+        started = time.monotonic()
+        runner = GraphRunner(graph=graph, lake=lake, spark=spark, only=[pid], hook=hook,
+                             resources=resources)
+        stepper = runner.steppers[pid]
+        holder["stepper"] = stepper
+        last = stepper.backing.last_record() if hasattr(stepper, "backing") else None
+        found, rolled = describe_record(last), pending_delivery(lake, pid, last)
+        stopped = drive(runner, pid, config)
+        meta = run_metadata(graph, proc, runner, stopped, found, rolled, time.monotonic() - started)
+        stats = runner.stats[pid]
+        results = [r for r in stats.results if rolled or not r.recovered]
+        context.log.info(
+            f"processor {pid}: {meta['cues/steps']} step(s), {meta['cues/rows_in']} row(s) in, "
+            f"{meta['cues/rows_out']} out, {meta['cues/rows_to_errors']} to errors, "
+            f"{meta['cues/recovered_attempts']} rolled forward; stopped: {stopped}; "
+            f"lag {meta['cues/lag_total']}")
+        if not queues:
+            yield MaterializeResult(asset_key=specs[0].key, metadata=meta)
+            return
+        for spec, q in zip(specs, queues, strict=True):
+            queue = lake.queue(q)
+            rows = sum(r.rows_out.get(q, 0) for r in results)
+            count = queue.count()
+            yield MaterializeResult(asset_key=spec.key, metadata={
+                **meta,
+                "cues/queue": q,
+                "cues/rows_out_to_queue": rows,
+                "cues/queue_rows": count,
+                "dagster/row_count": count,
+                "cues/delta_version": queue.version(),
+                "cues/end_offsets": queue.end_offsets(),
+            })
+
+    return _materialize
+
+
+def is_audited(proc: Processor) -> bool:
+    """Exactly-once processors with inputs keep a backing queue the auditor checks."""
+    return proc.strategy is Strategy.EXACTLY_ONCE and proc.kind not in (Kind.SOURCE, Kind.IMPERATIVE)
