@@ -23,6 +23,11 @@ Contracts (each processor is exactly-once; see docs/reference-pipeline.md):
 - ``ledger`` (sink) books the entries and balances in PostgreSQL in one transaction with the
   delivery hash (:func:`cues_platform.processing.sinks.postgres_once`).
 
+``instructions`` has a data contract (:data:`INSTRUCTIONS_CONTRACT`, pandera): a posting whose
+header breaks it (a negative replay counter, a last posting before the first, a participant
+posting to itself) is split off inside the ``intake`` step and delivered to ``errors`` in the same
+attempt, one row naming the failed checks with the row as JSON; the rest of the batch goes on.
+
 ``intake``, ``parse`` and ``convert`` are stateless: a batch that raises goes to ``errors`` (one
 row naming the input ranges). ``validate`` and ``ledger`` keep state, so they have no error
 queue: an exception stops them and the next start retries the same batch.
@@ -37,14 +42,40 @@ from functools import reduce
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from cues_platform.processing import ERROR_SCHEMA, Graph, In, Kind, Options, Out, Processor, QueueDef
+from cues_platform.processing import (
+    ERROR_SCHEMA,
+    Graph,
+    In,
+    Kind,
+    Options,
+    Out,
+    Processor,
+    QueueDef,
+)
 from cues_platform.reference import model as m
 
 GRAPH_NAME = "payments"
 FIXING_EPOCH = datetime(2026, 11, 20, tzinfo=UTC)
 DEFAULT_BATCH = 5_000
+
+
+def instructions_contract() -> Any:
+    """The contract of ``instructions`` (pandera, checked row by row inside the ``intake`` step)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pandera.pandas as pa_
+
+    return pa_.DataFrameSchema(
+        {"replays": pa_.Column(checks=pa_.Check.ge(0), name="replays")},
+        checks=[
+            pa_.Check(lambda df: df["last_datum"] >= df["inception_datum"], name="last_datum_not_before_inception"),
+            pa_.Check(lambda df: df["sender"] != df["receiver"], name="sender_is_not_receiver"),
+        ],
+        strict=False, name="instructions",
+    )
 
 
 # -- intake (alts) ----------------------------------------------------------------------------------
@@ -262,7 +293,7 @@ def payments_graph(*, batch_size: int = DEFAULT_BATCH, fx_seed: int = 11,
         name=GRAPH_NAME,
         queues=[
             QueueDef("postings", m.POSTINGS, participants),
-            QueueDef("instructions", m.INSTRUCTIONS),
+            QueueDef("instructions", m.INSTRUCTIONS, contract=instructions_contract()),
             QueueDef("parsed", m.PARSED),
             QueueDef("fx_rates", m.FX_RATES),
             QueueDef("priced", m.PRICED),
@@ -291,5 +322,5 @@ def payments_graph(*, batch_size: int = DEFAULT_BATCH, fx_seed: int = 11,
 
 graph = payments_graph()  # for `cues graph show cues_platform.reference.pipeline:graph`
 
-__all__ = ["GRAPH_NAME", "convert", "fixing", "graph", "intake", "ledger", "make_fx", "parse",
+__all__ = ["GRAPH_NAME", "convert", "fixing", "graph", "instructions_contract", "intake", "ledger", "make_fx", "parse",
            "payments_graph", "validate"]
