@@ -1,7 +1,8 @@
 """The test graph of the Dagster layer (importable: the reconstructable job module uses it).
 
 ``orders`` (external, ids 0..n-1) -> enrich (map: id * 2) -> ``enriched`` (pandera.pandas contract:
-id >= 0) -> split (fork: ids >= 20 to ``big``, the rest to ``small``) -> archive (sink: writes
+id >= 0) -> split (fork: ids >= 30 to ``big``, the rest to ``small``;
+its step 1 writes both) -> archive (sink: writes
 ``small`` to the Delta table ``{lake}/sink_effects`` once per step, with the delivery hash).
 Batches of 10 rows: 30 orders are 3 steps of enrich and of split, and 1 step of archive.
 """
@@ -25,6 +26,7 @@ from cues_platform.queues import Lake
 from tests.support import PAYLOAD, rows
 
 N, BATCH = 30, 10
+BIG = 30  # enriched ids 0..58: step 0 all small, step 1 both, step 2 all big
 SINK_TABLE = "sink_effects"
 
 
@@ -44,9 +46,9 @@ def enrich(ctx, src):
 
 
 def split(ctx, src):
-    """Routes ids >= 20 to big and the rest to small (the fork of the test graph)."""
+    """Routes ids >= 30 to big and the rest to small (the fork of the test graph)."""
     payload = src.select("id", "note")
-    return {"big": payload.where(F.col("id") >= 20), "small": payload.where(F.col("id") < 20)}
+    return {"big": payload.where(F.col("id") >= BIG), "small": payload.where(F.col("id") < BIG)}
 
 
 def archive(ctx, src):
@@ -100,8 +102,8 @@ def sink_ids(lake: Lake) -> list[int]:
 
 def expected(n: int = N) -> dict[str, list[int]]:
     doubled = [i * 2 for i in range(n)]
-    return {"enriched": doubled, "big": [i for i in doubled if i >= 20],
-            "small": [i for i in doubled if i < 20], "sink": [i for i in doubled if i < 20]}
+    return {"enriched": doubled, "big": [i for i in doubled if i >= BIG],
+            "small": [i for i in doubled if i < BIG], "sink": [i for i in doubled if i < BIG]}
 
 
 def check_exact(lake: Lake, n: int = N) -> None:
