@@ -29,6 +29,7 @@ from pydantic import Field
 
 from cues_platform.dagster.io_manager import QUEUE_METADATA
 from cues_platform.dagster.resources import describe_record, spark_session_of
+from cues_platform.errors import CuesError
 from cues_platform.processing.graph import Graph, Kind, Processor, QueueDef, Strategy
 from cues_platform.processing.runner import GraphRunner, ProcessorStats
 from cues_platform.processing.step import StepResult
@@ -40,8 +41,13 @@ IO_MANAGER_KEY = "cues_io_manager"
 KINDS = {"spark", "delta"}
 
 
-class InjectedFailure(RuntimeError):
-    """Raised by the fault-injection hook of :class:`ProcessorRunConfig` (tests, drills)."""
+class InjectedFailure(CuesError, RuntimeError):
+    """Raised by the fault-injection hook of :class:`ProcessorRunConfig` (tests, drills).
+
+    Carries ``processor``, ``point`` and ``step``. Retrying helps: recovery resolves whatever the
+    failure left behind (with ``inject_failure_once_file`` the fault does not fire again)."""
+
+    retryable = True
 
 
 class ProcessorRunConfig(Config):
@@ -175,7 +181,8 @@ def fault_hook(config: ProcessorRunConfig, processor_id: str,
                 return
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.write_text(f"{processor_id} {point} step {step}\n")
-        raise InjectedFailure(f"injected failure at {point} of step {step} (processor {processor_id!r})")
+        raise InjectedFailure(f"injected failure at {point} of step {step} (processor {processor_id!r})",
+                              processor=processor_id, point=point, step=step)
 
     return hook
 
