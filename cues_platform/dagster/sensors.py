@@ -88,7 +88,7 @@ def build_new_data_sensor(graph: Graph, proc: Processor, *, prefix: Sequence[str
         previous = json.loads(context.cursor) if context.cursor else None
         if previous == versions:
             return SkipReason(f"no new commits on {', '.join(versions)} since the last run request")
-        if previous is None and not any(_has_rows(lake, q) for q in versions):
+        if not any(_has_rows(lake, q) for q in versions):
             return SensorResult(skip_reason=SkipReason("the input queues are empty"), cursor=cursor)
         request = RunRequest(run_key=new_data_run_key(pid, versions), asset_selection=keys,
                              tags={TRIGGER_TAG: "new_data", "cues/processor": pid})
