@@ -2,11 +2,12 @@
 
 Runs execute in process (one run = one process = one Spark session, reused by every processor
 asset of the run); Dagster's default multiprocess executor would start a Spark per asset step.
+Only ``defs`` is a ``Definitions`` at module scope (Dagster's loader insists on one).
 """
 
 from dagster import Definitions, in_process_executor
 
-from assets import defs as asset_defs
-from resources import defs as resource_defs
+import assets
+import resources
 
-defs = Definitions.merge(asset_defs, resource_defs, Definitions(executor=in_process_executor))
+defs = Definitions.merge(assets.defs, resources.defs, Definitions(executor=in_process_executor))

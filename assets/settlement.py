@@ -3,7 +3,7 @@
 Daily-partitioned (the partition key is the value date). It reads ``results`` through the
 platform's IO manager (the queue, all subjects, as Arrow) and writes through it too: each
 materialization REPLACES its day in one Delta commit, so re-running a failed or late day —
-``dagster asset materialize --partition 2026-11-21 --select settlement_report -w workspace.yaml`` or
+``dagster asset materialize -f definitions.py --select settlement_report --partition 2026-11-21`` or
 a backfill in the UI — gives the same report, never doubled, and leaves other days untouched.
 """
 
