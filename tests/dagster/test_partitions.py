@@ -48,6 +48,14 @@ def daily_totals(context: AssetExecutionContext, config: DayConfig) -> pa.Table:
     return table
 
 
+@asset(partitions_def=DAYS, io_manager_key="cues_io_manager")
+def daily_sum(context: AssetExecutionContext, daily_totals: pa.Table) -> pa.Table:
+    """Reads its own day of ``daily_totals`` back (the IO manager filters by partition)."""
+    days = sorted(set(daily_totals["partition_key"].to_pylist()))
+    assert days == list(context.partition_keys), days
+    return pa.table({"total": [sum(daily_totals["value"].to_pylist())]})
+
+
 @pytest.fixture
 def resources(lake) -> dict:
     lake_res = LakeResource(root=lake.root)
@@ -101,6 +109,11 @@ def test_rerun_of_a_day_replaces_it_and_nothing_else(lake, instance, resources) 
     assert _by_day(lake) == {D1: [(0, 10), (1, 20), (2, 30)], D2: base}
     assert _run(resources, instance, key=D1, scale=10).success  # again: same rows
     assert _by_day(lake) == {D1: [(0, 10), (1, 20), (2, 30)], D2: base}
+    downstream = materialize([daily_totals, daily_sum], resources=resources, instance=instance,
+                             partition_key=D1, selection=[daily_sum])
+    assert downstream.success
+    sums = DeltaTable(asset_table_uri(lake, ["daily_sum"])).to_pyarrow_table().to_pylist()
+    assert sums == [{"total": 60, "partition_key": D1}]
     last = _table(lake).history(1)[0]
     assert last["dagster.partitions"] == D1 and last["dagster.asset"] == "daily_totals"
     assert _table(lake).metadata().partition_columns == ["partition_key"]
