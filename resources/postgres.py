@@ -2,8 +2,8 @@
 
 The DSN comes through :class:`dagster.EnvVar`, so Dagster resolves it in the run process and never
 stores it (it may hold a password). Without it, the first connection starts (or reuses) the
-embedded PostgreSQL whose data directory is ``data_dir`` (default ``.cues/postgres`` under the
-project); it keeps running after the run so later runs and ``psql`` reach the same ledger.
+embedded PostgreSQL whose data directory is ``data_dir`` (``$CUES_POSTGRES_DIR``, default
+``.cues/postgres`` under the project); it keeps running after the run so later runs and ``psql`` reach the same ledger.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from cues_platform.pgserver_db import DSN_ENV, embedded_postgres
 from cues_platform.reference.ledger import DEFAULT_SCHEMA, LedgerDB
 
 DEFAULT_DATA_DIR = ".cues/postgres"
+DATA_DIR_ENV = "CUES_POSTGRES_DIR"
 
 
 class LedgerResource(ConfigurableResource):
@@ -40,6 +41,8 @@ class LedgerResource(ConfigurableResource):
 def ledger_resource() -> LedgerResource:
     if os.environ.get(DSN_ENV, "").strip():
         return LedgerResource(dsn=EnvVar(DSN_ENV))
+    if os.environ.get(DATA_DIR_ENV, "").strip():
+        return LedgerResource(data_dir=EnvVar(DATA_DIR_ENV))
     return LedgerResource()
 
 

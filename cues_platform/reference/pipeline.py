@@ -14,7 +14,7 @@ Contracts (each processor is exactly-once; see docs/reference-pipeline.md):
   step (whichever has data, round robin), adding where each instruction came from.
 - ``parse`` (map) parses the JSON payload and names the first failed check in ``malformed``.
 - ``fx`` (source) publishes one fixing (a row per currency) when ``convert`` has instructions
-  waiting and has used every fixing published so far (quotes on demand), so the join always
+  waiting (or on their way) and has used every fixing published so far (quotes on demand), so the join always
   gets a batch from both inputs and never stalls; fixing ``k`` depends only on ``k``.
 - ``convert`` (join) prices each instruction at the latest fixing of its batch.
 - ``validate`` (fork) routes malformed instructions to ``malformed`` and decides OK / REJECTED for
@@ -166,15 +166,28 @@ def convert_position(lake: Any) -> tuple[int, int]:
     return snap.inputs["postings"].end, snap.inputs["rates"].end
 
 
+def upstream_pending(lake: Any) -> bool:
+    """Whether postings or instructions wait upstream of ``parsed`` (a heuristic: postings beyond
+    what ``intake`` turned into instructions or errors, instructions beyond what ``parse`` parsed)."""
+    postings = lake.queue("postings")
+    posted = sum(postings.next_offset(p) for p in postings.partitions)
+    instructions_end = lake.queue("instructions").next_offset("0")
+    return (posted > instructions_end + lake.queue("errors").next_offset("0")
+            or instructions_end > lake.queue("parsed").next_offset("0"))
+
+
 def make_fx(seed: int = 11) -> Any:
     def fx(ctx: Any) -> pa.Table | None:
         """Quote on demand: publish fixing ``ctx.step`` (one rate per currency, EUR per unit) when
-        ``convert`` has parsed instructions waiting and has read every fixing published so far;
-        otherwise nothing (not a step)."""
+        ``convert`` has read every fixing published so far and instructions wait for it (parsed,
+        or still upstream: so one pass over the graph in topological order, e.g. one Dagster run
+        of every asset, gets a fixing before ``convert``); otherwise nothing (not a step)."""
         parsed_end = ctx.lake.queue("parsed").next_offset("0")
         rates_end = ctx.lake.queue("fx_rates").next_offset("0")
         read_postings, read_rates = convert_position(ctx.lake)
-        if parsed_end <= read_postings or rates_end > read_rates:
+        if rates_end > read_rates:
+            return None
+        if parsed_end <= read_postings and not upstream_pending(ctx.lake):
             return None
         return fixing(ctx.step, seed=seed)
 
