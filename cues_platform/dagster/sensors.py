@@ -18,10 +18,16 @@ so a cursor over run ids skips a run created before a failure already handled bu
 it (a long run failing while another tick was being processed). RUN_FAILURE events get their
 storage ids when the failure is *recorded*, in the order failures happen. And why not
 ``@run_failure_sensor``: it moves its cursor past an event even when its function raised.
+
+A failed run that Dagster's own run retries will re-execute (tag ``dagster/will_retry=true``) is
+left to them; when they give up, the last retry's failure (``will_retry=false``) is recovered
+here. With run retries on, a failure not tagged yet stops the tick there (the cursor stays before
+it) for up to ``RETRY_DECISION_GRACE_SECONDS``, so the two never both re-run one failure.
 """
 
 import hashlib
 import json
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,6 +51,15 @@ RECOVERY_OF_TAG = "cues/recovery_of"
 RECOVERY_ATTEMPT_TAG = "cues/recovery_attempt"
 TRIGGER_TAG = "cues/trigger"
 MAX_FAILURES_PER_TICK = 100
+WILL_RETRY_TAG = "dagster/will_retry"  # set by Dagster on a failed run when run retries are on
+RETRY_DECISION_GRACE_SECONDS = 60.0
+
+
+def awaiting_retry_decision(instance: Any, run: Any, failed_at: float) -> bool:
+    """True while Dagster's run retries are on and the failed run has no ``dagster/will_retry``
+    tag yet (Dagster adds it just after storing the failure; a grace period bounds the wait)."""
+    return (bool(instance.run_retries_enabled) and WILL_RETRY_TAG not in run.tags
+            and time.time() - failed_at < RETRY_DECISION_GRACE_SECONDS)
 
 
 def input_queues(proc: Processor) -> list[str]:
@@ -134,13 +149,19 @@ def build_recovery_sensor(graph: Graph, *, prefix: Sequence[str] = (), max_attem
             limit=MAX_FAILURES_PER_TICK, ascending=True).records
         requests: list[RunRequest] = []
         skipped: list[str] = []
+        left: list[str] = []
         for record in records:
-            after = record.storage_id
             run = context.instance.get_run_by_id(record.run_id)
+            if run is not None and awaiting_retry_decision(context.instance, run, record.timestamp):
+                break  # Dagster has not tagged this failure yet: look again next tick, in order
+            after = record.storage_id
             if run is None:
                 continue
             keys = failed_run_assets(context.instance, run, ours)
             if not keys:
+                continue
+            if run.tags.get(WILL_RETRY_TAG) == "true":
+                left.append(run.run_id)  # Dagster's run retries re-execute it (from failure)
                 continue
             attempt = int(run.tags.get(RECOVERY_ATTEMPT_TAG, "0")) + 1
             if attempt > max_attempts:
@@ -158,6 +179,8 @@ def build_recovery_sensor(graph: Graph, *, prefix: Sequence[str] = (), max_attem
             reason = "no new failed runs of this graph's assets"
             if skipped:
                 reason = f"failed runs past the recovery limit: {', '.join(skipped)}"
+            if left:
+                reason += f"; left to Dagster's run retries: {', '.join(left)}"
             return SensorResult(skip_reason=SkipReason(reason), cursor=cursor)
         return SensorResult(run_requests=requests, cursor=cursor)
 

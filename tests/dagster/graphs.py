@@ -4,7 +4,8 @@
 id >= 0) -> split (fork: ids >= 30 to ``big``, the rest to ``small``;
 its step 1 writes both) -> archive (sink: writes
 ``small`` to the Delta table ``{lake}/sink_effects`` once per step, with the delivery hash).
-Batches of 10 rows: 30 orders are 3 steps of enrich and of split, and 1 step of archive.
+Batches of 10 rows: 30 orders are 3 steps of enrich and of split, and 2 steps of archive
+(15 small rows).
 """
 
 from __future__ import annotations

@@ -140,3 +140,11 @@ def test_recovery_attempts_are_counted_and_bounded(defs, instance, recovery) -> 
     tick = recovery(cursor)
     assert not tick.run_requests and last in tick.skip_message
     assert not recovery(tick.cursor).run_requests and recovery(tick.cursor).skip_message
+
+
+def test_runs_dagster_will_retry_are_left_to_run_retries(defs, instance, recovery) -> None:
+    retried = _fail(defs, instance, ["enriched"], "enrich", tags={"dagster/will_retry": "true"})
+    tick = recovery(None)
+    assert not tick.run_requests and retried in tick.skip_message and "run retries" in tick.skip_message
+    given_up = _fail(defs, instance, ["enriched"], "enrich", tags={"dagster/will_retry": "false"})
+    assert [r.run_key for r in recovery(tick.cursor).run_requests] == [f"recovery:{given_up}"]
