@@ -44,7 +44,7 @@ IO_MANAGER_KEY = "cues_io_manager"
 KINDS = {"spark", "delta"}
 __all__ = ["BACKING_KEY", "IO_MANAGER_KEY", "LAKE_KEY", "SPARK_KEY", "InjectedFailure",
            "ProcessorRunConfig", "build_processor_asset", "external_queues", "external_spec",
-           "is_audited", "output_queues", "processor_keys", "queue_key"]
+           "is_audited", "output_queues", "processor_keys", "processor_pool", "queue_key"]
 
 
 # -- keys and specs ---------------------------------------------------------------------------------
@@ -82,6 +82,13 @@ def column_schema(qdef: QueueDef) -> TableSchema:
 
 def _tag(value: str) -> str:
     return "".join(c if c.isalnum() or c in "_-." else "_" for c in value)[:63]
+
+
+def processor_pool(graph: Graph, proc: Processor) -> str:
+    """The Dagster concurrency pool of a processor's op: ``cues__{graph}__{processor}``. With
+    ``concurrency: {pools: {default_limit: 1}}`` in dagster.yaml, two runs never step the same
+    processor at once (they would be safe, but the later one fences the earlier)."""
+    return f"cues__{_tag(graph.name)}__{_tag(proc.id)}"
 
 
 def external_spec(graph: Graph, name: str, *, prefix: Sequence[str], group_name: str | None) -> AssetSpec:
@@ -151,6 +158,7 @@ def build_processor_asset(graph: Graph, proc: Processor, *, prefix: Sequence[str
         required_resource_keys={LAKE_KEY, SPARK_KEY, *user_keys},
         retry_policy=retry_policy,
         can_subset=False,
+        pool=processor_pool(graph, proc),
         op_tags={"cues/processor": _tag(pid), "cues/kind": proc.kind.value},
     )
     def _materialize(context: AssetExecutionContext, config: ProcessorRunConfig):

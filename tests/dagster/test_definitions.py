@@ -27,6 +27,7 @@ def test_definitions_load_with_assets_lineage_checks_sensors_schedule() -> None:
     split = defs.resolve_assets_def(AssetKey("big"))
     assert set(split.keys) == {AssetKey("big"), AssetKey("small")}
     assert split.op.name == "split"
+    assert split.op.pool == "cues__shop__split"  # one concurrency pool per processor
     node = ag.get(AssetKey("enriched"))
     assert node.group_name == "shop"
     assert node.kinds == {"spark", "delta"}
