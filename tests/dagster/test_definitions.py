@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from dagster import AssetCheckKey, AssetKey
+import pytest
+from dagster import AssetCheckKey, AssetKey, EnvVar
 
-from cues_platform.dagster import build_definitions
+from cues_platform.dagster import LakeResource, build_definitions
+from cues_platform.errors import ConfigurationError
 from tests.dagster.graphs import build_graph
 
 
@@ -56,3 +58,15 @@ def test_no_schedule_and_key_prefix() -> None:
     repo = defs.get_repository_def()
     assert not repo.schedule_defs
     assert AssetKey(["cues", "enriched"]) in defs.resolve_asset_graph().get_all_asset_keys()
+
+
+def test_lake_resource_from_env_var_and_secret_options(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("CUES_TEST_LAKE", str(tmp_path / "lake"))
+    resource = LakeResource(root=EnvVar("CUES_TEST_LAKE")).process_config_and_initialize()
+    assert resource.lake().root.rstrip("/").endswith("lake")
+    secret = LakeResource(root=str(tmp_path), secret_options_env={"AWS_SECRET_ACCESS_KEY": "NO_SUCH_VAR"})
+    with pytest.raises(ConfigurationError) as info:
+        secret.lake()
+    assert info.value.env == "NO_SUCH_VAR" and "NO_SUCH_VAR" in str(info.value)
+    monkeypatch.setenv("NO_SUCH_VAR", "s3cr3t")
+    assert secret.lake().options == {"AWS_SECRET_ACCESS_KEY": "s3cr3t"}
