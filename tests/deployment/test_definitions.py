@@ -75,5 +75,6 @@ def test_workspace_and_dagster_home() -> None:
     home = yaml.safe_load((ROOT / "dagster_home" / "dagster.yaml").read_text())
     assert home["telemetry"] == {"enabled": False}
     assert home["run_retries"] == {"enabled": True, "max_retries": 1}
+    assert home["nux"] == {"enabled": False}
     assert "sqlite" in home["storage"]
     assert Path(ROOT / "dagster_home").is_dir()
