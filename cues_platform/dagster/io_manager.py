@@ -64,10 +64,7 @@ def partition_predicate(column: str, keys: list[str]) -> str:
 
 
 def _metadata_of(context: OutputContext | InputContext) -> dict[str, Any]:
-    try:
-        return dict(context.definition_metadata or {})
-    except Exception:  # noqa: BLE001 - contexts built in tests may lack definitions
-        return {}
+    return dict(context.definition_metadata or {})
 
 
 class CuesIOManager(ConfigurableIOManager):

@@ -18,7 +18,7 @@ from dagster import (
 from deltalake import DeltaTable
 
 from cues_platform.dagster import CuesIOManager, CuesSparkResource, InjectedFailure, LakeResource
-from cues_platform.dagster.io_manager import asset_table_uri
+from cues_platform.dagster.io_manager import PARTITION_COLUMN_METADATA, asset_table_uri
 from cues_platform.errors import ConfigurationError
 
 DAYS = DailyPartitionsDefinition(start_date="2024-01-01")
@@ -54,6 +54,16 @@ def daily_sum(context: AssetExecutionContext, daily_totals: pa.Table) -> pa.Tabl
     days = sorted(set(daily_totals["partition_key"].to_pylist()))
     assert days == list(context.partition_keys), days
     return pa.table({"total": [sum(daily_totals["value"].to_pylist())]})
+
+
+@asset(partitions_def=DAYS, io_manager_key="cues_io_manager",
+       metadata={PARTITION_COLUMN_METADATA: "day"})
+def daily_events(context: AssetExecutionContext, config: DayConfig) -> pa.Table:
+    """Names each row's day in its own ``date`` column (asset metadata ``cues/partition_column``)."""
+    import datetime
+
+    days = [datetime.date.fromisoformat(k) for k in context.partition_keys]
+    return pa.table({"day": pa.array(days), "v": pa.array([config.scale] * len(days), pa.int64())})
 
 
 @pytest.fixture
@@ -162,3 +172,15 @@ def test_partition_column_normalization() -> None:
     with pytest.raises(ConfigurationError) as info:
         _with_partition_column(dates, "day", [D2, D3])
     assert info.value.column == "day" and not info.value.retryable
+
+
+def test_partition_column_named_by_asset_metadata(lake, instance, resources) -> None:
+    def run(**kwargs):
+        return materialize([daily_events], resources=resources, instance=instance,
+                           raise_on_error=False, **kwargs)
+
+    assert run(tags={RANGE_START: D1, RANGE_END: D2}).success
+    assert run(partition_key=D2, run_config={"ops": {"daily_events": {"config": {"scale": 7}}}}).success
+    table = DeltaTable(asset_table_uri(lake, ["daily_events"]))
+    assert table.metadata().partition_columns == ["day"]
+    assert sorted((r["day"], r["v"]) for r in table.to_pyarrow_table().to_pylist()) == [(D1, 1), (D2, 7)]
