@@ -9,9 +9,10 @@ the last RUN_FAILURE event handled, so no failure is ever missed or handled twic
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
-from dagster import AssetKey, asset, build_sensor_context, materialize
+from dagster import AssetKey, asset, build_sensor_context, instance_for_test, materialize
 
 from cues_platform.dagster import (
     RECOVERY_ATTEMPT_TAG,
@@ -19,6 +20,7 @@ from cues_platform.dagster import (
     LakeResource,
     new_data_run_key,
 )
+from cues_platform.dagster.sensors import RETRY_DECISION_GRACE_SECONDS, awaiting_retry_decision
 from tests.dagster.conftest import assets_of, resources_of
 from tests.dagster.graphs import load_orders, rows
 
@@ -148,3 +150,18 @@ def test_runs_dagster_will_retry_are_left_to_run_retries(defs, instance, recover
     assert not tick.run_requests and retried in tick.skip_message and "run retries" in tick.skip_message
     given_up = _fail(defs, instance, ["enriched"], "enrich", tags={"dagster/will_retry": "false"})
     assert [r.run_key for r in recovery(tick.cursor).run_requests] == [f"recovery:{given_up}"]
+
+
+def test_untagged_failure_waits_for_dagsters_retry_decision(defs) -> None:
+    """With run retries on, a failure Dagster has not tagged yet holds the recovery cursor (for a
+    bounded time), so the recovery sensor and run retries never both re-run it."""
+    job = defs.resolve_job_def("shop__all")
+    with instance_for_test(overrides={"run_retries": {"enabled": True}}) as retrying:
+        run = retrying.create_run_for_job(job)
+        now = time.time()
+        assert awaiting_retry_decision(retrying, run, now)
+        assert not awaiting_retry_decision(retrying, run, now - RETRY_DECISION_GRACE_SECONDS - 1)
+        tagged = retrying.create_run_for_job(job, tags={"dagster/will_retry": "false"})
+        assert not awaiting_retry_decision(retrying, tagged, now)
+    with instance_for_test() as plain:
+        assert not awaiting_retry_decision(plain, plain.create_run_for_job(job), time.time())
