@@ -22,6 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cues_platform.errors import CuesError
 from cues_platform.processing import Graph, GraphRunner, ProcessorStats
 from cues_platform.queues import Lake
 from cues_platform.reference import model as m
@@ -37,6 +38,10 @@ from cues_platform.reference.pipeline import payments_graph
 from cues_platform.reference.report import read_results, settlement_report
 
 DEFAULT_PG_DIR = ".cues/postgres"
+
+
+class MaterializationFailedError(CuesError):
+    """A Dagster materialization of the payments assets failed (``--engine dagster``)."""
 
 
 # -- reconciliation ---------------------------------------------------------------------------------
@@ -281,9 +286,12 @@ def materialize_all(graph: Graph, lake: Lake, *, spark: Any, ledger: LedgerDB, c
     for run in range(1, max_runs + 1):
         before = {q: lake.queue(q).version() for q in graph.queues}
         with console.status(f"dagster: materializing every processor asset (run {run}) ..."):
-            result = materialize(assets, resources=dict(defs.resources or {}))
+            result = materialize(assets, resources=dict(defs.resources or {}),
+                                 run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}})
         if not result.success:
-            raise RuntimeError("a Dagster materialization failed; see the run log")
+            raise MaterializationFailedError(
+                f"the Dagster materialization of every processor asset failed (run {run}, id "
+                f"{result.run_id}); the failed step's error is in the log above", run_id=result.run_id)
         if {q: lake.queue(q).version() for q in graph.queues} == before:
             return
 
