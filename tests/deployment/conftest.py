@@ -10,90 +10,19 @@ run starts at once instead of waiting in the queue for the daemon.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from cues_platform.pgserver_db import DSN_ENV, stop_embedded_postgres
+from tests.deployment.support import Webserver, free_port, wait_until_up
 from tests.support import ROOT
-
-LOCATION = "cues_platform"  # workspace.yaml's location_name
-START_TIMEOUT = 240.0  # the code location imports Dagster, pyspark and the assets (slow on 2 busy cores)
-
-
-class DeploymentTestError(AssertionError):
-    """The webserver or a run did not do what the test needs (with its log)."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class Webserver:
-    url: str
-    proc: subprocess.Popen
-    log: Path
-    lake_root: str
-    pg_dir: Path
-    home: Path
-
-    def tail(self, n: int = 4000) -> str:
-        return self.log.read_text(errors="replace")[-n:]
-
-    def graphql(self, query: str, variables: dict[str, Any] | None = None, *, timeout: float = 60) -> dict:
-        body = json.dumps({"query": query, "variables": variables or {}}).encode()
-        req = urllib.request.Request(f"{self.url}/graphql", data=body,
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            out = json.loads(resp.read())
-        if out.get("errors"):
-            raise DeploymentTestError(f"GraphQL errors: {out['errors']}")
-        return out["data"]
-
-
-def _wait_until_up(server: Webserver) -> None:
-    """Poll /server_info, then the workspace, until the code location is loaded (bounded)."""
-    deadline = time.monotonic() + START_TIMEOUT
-    while True:
-        if server.proc.poll() is not None:
-            raise DeploymentTestError(f"dagster-webserver exited ({server.proc.returncode}):\n{server.tail()}")
-        try:
-            with urllib.request.urlopen(f"{server.url}/server_info", timeout=5) as resp:
-                if resp.status == 200:
-                    break
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        if time.monotonic() > deadline:
-            raise DeploymentTestError(f"dagster-webserver not up after {START_TIMEOUT}s:\n{server.tail()}")
-        time.sleep(0.5)
-    query = """{ workspaceOrError { __typename ... on Workspace { locationEntries {
-        name loadStatus locationOrLoadError { __typename ... on PythonError { message } } } } } }"""
-    while True:
-        entries = server.graphql(query)["workspaceOrError"]["locationEntries"]
-        entry = next(e for e in entries if e["name"] == LOCATION)
-        if entry["loadStatus"] == "LOADED":
-            if entry["locationOrLoadError"]["__typename"] != "RepositoryLocation":
-                raise DeploymentTestError(f"code location failed to load: {entry['locationOrLoadError']}")
-            return
-        if time.monotonic() > deadline:
-            raise DeploymentTestError(f"code location not loaded after {START_TIMEOUT}s:\n{server.tail()}")
-        time.sleep(0.5)
 
 
 @pytest.fixture(scope="session")
@@ -117,7 +46,7 @@ def webserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webserver]:
                                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     server = Webserver(f"http://127.0.0.1:{port}", proc, log, lake_root, pg_dir, home)
     try:
-        _wait_until_up(server)
+        wait_until_up(server)
         yield server
     finally:
         if proc.poll() is None:

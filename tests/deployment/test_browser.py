@@ -12,7 +12,7 @@ import struct
 import subprocess
 from pathlib import Path
 
-from tests.deployment.conftest import LOCATION, DeploymentTestError, Webserver
+from tests.deployment.support import LOCATION, DeploymentTestError, Webserver
 from tests.support import ROOT
 
 CHROMIUM = os.environ.get("CUES_CHROMIUM", "/usr/bin/chromium")

@@ -19,7 +19,7 @@ from cues_platform.queues import Lake
 from cues_platform.reference.job import reconcile
 from cues_platform.reference.ledger import LedgerDB, totals
 from cues_platform.reference.pipeline import payments_graph
-from tests.deployment.conftest import LOCATION, DeploymentTestError, Webserver
+from tests.deployment.support import LOCATION, DeploymentTestError, Webserver
 
 PROCESSOR_ASSETS = {"fx_rates", "instructions", "parsed", "priced", "results", "ledger_entries",
                     "malformed", "ledger"}
