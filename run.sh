@@ -18,10 +18,20 @@ if [[ -z "$java_major" || "$java_major" -lt 17 ]]; then
   echo "Spark needs Java 17+ but found ${java_major:-no java}: install it (Debian/Ubuntu: apt-get install openjdk-17-jre-headless) or put it on PATH" >&2; exit 2
 fi
 if [[ ! -x .venv/bin/python ]]; then "$PY" -m venv .venv; fi
-.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+# Install (again) only when pyproject.toml changed since the last install of this mode; the
+# installer's output goes to .venv/install.log and is shown only when it fails.
+target='.'; [[ "$mode" == "test" ]] && target='.[dev]'
+stamp=".venv/.cues-installed-$mode"
+want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
+  echo "installing cues_platform into .venv ($target) ..." >&2
+  if ! { .venv/bin/python -m pip install -q --upgrade pip && .venv/bin/python -m pip install -q -e "$target"; } \
+      >.venv/install.log 2>&1; then
+    cat .venv/install.log >&2; echo "installation failed (log above, also in .venv/install.log)" >&2; exit 2
+  fi
+  echo "$want" > "$stamp"
+fi
 if [[ "$mode" == "demo" ]]; then
-  .venv/bin/python -m pip install -q -e .
   exec .venv/bin/cues demo "$@"
 fi
-.venv/bin/python -m pip install -q -e '.[dev]'
 exec .venv/bin/python -m pytest "$@"

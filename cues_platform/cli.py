@@ -45,15 +45,64 @@ def main() -> None:
 
 @main.command()
 @click.option(
-    "--lake", "lake_root", default=".cues/demo-lake", show_default=True, help="Lake root."
+    "--lake", "lake_root", default=".cues/demo-lake", show_default=True, help="Lake root (recreated)."
 )
-@click.option("--messages", default=100_000, show_default=True, help="Messages to produce.")
-def demo(lake_root: str, messages: int) -> None:
-    """The main job: produce, resend, transact, tail with Spark, maintain, and check the queues."""
-    from cues_platform.demo import run_demo
+@click.option("--messages", type=int, default=None,
+              help="Postings to generate (default 3,000; with --queues: 100,000 messages).")
+@click.option("--seed", default=7, show_default=True, help="Traffic seed (the same seed, the same traffic).")
+@click.option("--rate", default=0.03, show_default=True,
+              help="Postings per second of traffic time (3,000 at 0.03/s: about 28 hours, two value dates).")
+@click.option("--batch-size", default=1_000, show_default=True, help="Processor batch size.")
+@click.option("--engine", type=click.Choice(["runner", "dagster"]), default="runner", show_default=True,
+              help="Process with the graph runner, or by materializing the Dagster assets in process.")
+@click.option("--keep-postgres", is_flag=True,
+              help="Leave the embedded PostgreSQL running afterwards (default: stop it if the demo started it).")
+@click.option("--queues", "queues_only", is_flag=True, help="The earlier queue-layer demo instead.")
+def demo(lake_root: str, messages: int | None, seed: int, rate: float, batch_size: int, engine: str,
+         keep_postgres: bool, queues_only: bool) -> None:
+    """The main job: the reference payments pipeline end to end on embedded defaults.
 
-    ok = run_demo(lake_root=lake_root, messages=messages, console=console)
-    sys.exit(0 if ok else 1)
+    Generates realistic traffic (malformed rows, duplicate ids, contract breaks, late data,
+    producer resends), processes it with every processor kind exactly once on Spark, books the
+    ledger in PostgreSQL (embedded unless $CUES_POSTGRES_DSN is set), reconciles every posting,
+    audits the lake and prints a summary. Exit code 1 if reconciliation or the audit fails.
+    """
+    if queues_only:
+        from cues_platform.demo import run_demo
+
+        ok = run_demo(lake_root=lake_root, messages=messages or 100_000, console=console)
+        sys.exit(0 if ok else 1)
+    from pathlib import Path
+
+    from cues_platform.pgserver_db import DSN_ENV, embedded_postgres, stop_embedded_postgres
+    from cues_platform.reference.generator import TrafficSpec
+    from cues_platform.reference.job import DEFAULT_PG_DIR, run_reference
+    from cues_platform.reference.ledger import LedgerDB
+
+    external = os.environ.get(DSN_ENV, "").strip()
+    pg_dir = Path(DEFAULT_PG_DIR)
+    started_pg = False
+    if external:
+        db = LedgerDB(external, schema="cues_demo")  # the DSN may hold a password: never printed
+    else:
+        import warnings
+
+        with warnings.catch_warnings():  # platformdirs warns at import when XDG_RUNTIME_DIR is unset
+            warnings.simplefilter("ignore")
+            from pgserver.utils import PostmasterInfo
+
+        info = PostmasterInfo.read_from_pgdata(pg_dir.resolve()) if pg_dir.exists() else None
+        started_pg = info is None or not info.is_running()
+        with console.status(f"starting the embedded PostgreSQL ({pg_dir}) ..."):
+            db = LedgerDB(embedded_postgres(pg_dir), schema="cues_demo")
+    try:
+        spec = TrafficSpec(messages=messages or 3_000, seed=seed, rate=rate)
+        summary = run_reference(lake_root=lake_root, spec=spec, console=console, ledger=db,
+                                batch_size=batch_size, engine=engine)
+    finally:
+        if started_pg and not keep_postgres:
+            stop_embedded_postgres(pg_dir)
+    sys.exit(0 if summary.ok else 1)
 
 
 @main.group()

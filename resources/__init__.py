@@ -1,7 +1,17 @@
-"""The reference deployment's resources; each module contributes its own definitions."""
+"""The reference deployment's resources; each module contributes its own.
+
+The same instances are handed to ``build_definitions`` in ``assets/``, so merging the two
+``Definitions`` sees one resource per key.
+"""
 
 from dagster import Definitions
 
-from resources.lake import defs as lake_defs
+from resources.lake import lake
+from resources.postgres import LedgerResource, ledger
+from resources.spark import spark
 
-defs = Definitions.merge(lake_defs)
+RESOURCES = {"lake": lake, "spark": spark, "ledger": ledger}
+
+defs = Definitions(resources=RESOURCES)
+
+__all__ = ["RESOURCES", "LedgerResource", "defs", "lake", "ledger", "spark"]

@@ -1,25 +1,17 @@
-"""The lake root as a Dagster resource (local folder by default, any delta-rs URI by EnvVar)."""
+"""The lake: a local folder by default (``./lake``), any delta-rs URI with ``CUES_LAKE``."""
 
 from __future__ import annotations
 
-from dagster import ConfigurableResource, Definitions, EnvVar
+import os
 
-from cues_platform.queues import Lake
+from dagster import EnvVar
 
-
-class LakeResource(ConfigurableResource):
-    """Where the queues live. ``root`` defaults to ``CUES_LAKE`` or ``./lake``."""
-
-    root: str = "lake"
-
-    def lake(self) -> Lake:
-        return Lake(root=self.root)
+from cues_platform.dagster import LakeResource
 
 
 def lake_resource() -> LakeResource:
-    import os
+    """``$CUES_LAKE`` (resolved by Dagster at run time, never stored in run config) or ``./lake``."""
+    return LakeResource(root=EnvVar("CUES_LAKE")) if os.environ.get("CUES_LAKE") else LakeResource()
 
-    return LakeResource(root=EnvVar("CUES_LAKE") if os.environ.get("CUES_LAKE") else "lake")
 
-
-defs = Definitions(resources={"lake": lake_resource()})
+lake = lake_resource()

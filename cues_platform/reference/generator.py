@@ -12,6 +12,8 @@ probabilities, every case the pipeline must handle:
   a REJECTED result with that reason;
 - duplicate message ids: a sender replays an earlier posting (replays + 1, same message id) →
   REJECTED ``duplicate_message_id`` (the first stays OK);
+- contract breaks: a gateway with a skewed clock stamps ``last_datum`` before ``inception_datum``
+  → breaks the contract of ``instructions``: the ``errors`` queue (one row, the failed check named);
 - late data: an instruction for the previous business day that arrives today → OK, counted in
   that earlier day's settlement report;
 - producer resends: a batch whose acknowledgement was "lost" is sent again with the SAME sequence
@@ -41,12 +43,14 @@ from cues_platform.reference import model as m
 
 CURRENCY_MIX = {"EUR": 0.6, "USD": 0.15, "GBP": 0.1, "CHF": 0.07, "SEK": 0.05, "JPY": 0.03}
 UNSUPPORTED_CURRENCIES = ("XAU", "ZWL", "BTC")
+CONTRACT = "CONTRACT"  # expected outcome: broke the contract of ``instructions`` → ``errors``
+CONTRACT_REASON = "contract:instructions"
 MALFORMED_KINDS = ("missing_message_id", "not_json", "missing_field", "bad_amount", "bad_value_date",
                    "unknown_participant")
 EXPECTED = pa.schema([
     pa.field("posting_partition", pa.string(), False), pa.field("posting_offset", pa.int64(), False),
     pa.field("sender", pa.string(), False), pa.field("message_id", pa.string()),
-    pa.field("outcome", pa.string(), False),  # OK | REJECTED | MALFORMED
+    pa.field("outcome", pa.string(), False),  # OK | REJECTED | MALFORMED | CONTRACT
     pa.field("reason", pa.string()), pa.field("value_date", pa.date32()),
     pa.field("late", pa.bool_(), False), pa.field("amount_eur", m.MONEY),
 ])
@@ -66,6 +70,7 @@ class TrafficSpec:
     p_bad_currency: float = 0.015
     p_duplicate: float = 0.02
     p_late: float = 0.03
+    p_contract_break: float = 0.005
     p_resend: float = 0.1
     realtime: bool = False
     participants: tuple[str, ...] = m.PARTICIPANTS
@@ -164,7 +169,8 @@ def generate(lake: Lake, spec: TrafficSpec | None = None, *,
         roll = rng.random()
         cuts = [("malformed", spec.p_malformed), ("unknown_account", spec.p_unknown_account),
                 ("insufficient_funds", spec.p_insufficient_funds), ("bad_currency", spec.p_bad_currency),
-                ("duplicate", spec.p_duplicate), ("late", spec.p_late)]
+                ("duplicate", spec.p_duplicate), ("late", spec.p_late),
+                ("contract_break", spec.p_contract_break)]
         kind = "valid"
         for name, p in cuts:
             if roll < p:
@@ -246,6 +252,9 @@ def generate(lake: Lake, spec: TrafficSpec | None = None, *,
                 reason = m.BAD_VALUE_DATE
             else:
                 header_sender, reason = "bank-x", m.UNKNOWN_PARTICIPANT
+        if kind == "contract_break":  # the gateway's clock is behind: last posting before the first
+            outcome, reason = CONTRACT, CONTRACT_REASON
+            inception = clock + timedelta(seconds=rng.uniform(60, 3600))
         raw = json.dumps(payload, separators=(",", ":"))
         if outcome == "MALFORMED" and reason == m.PAYLOAD_NOT_JSON:
             raw = rng.choice([raw[: len(raw) // 2],
@@ -254,10 +263,10 @@ def generate(lake: Lake, spec: TrafficSpec | None = None, *,
                    "inception_datum": inception, "last_datum": clock, "payload": raw,
                    "receiver_subject": receiver}
         exp = {"sender": header_sender, "message_id": message_id, "outcome": outcome, "reason": reason,
-               "value_date": value_day if outcome != "MALFORMED" else None, "late": late,
+               "value_date": value_day if outcome in (m.OK, m.REJECTED) else None, "late": late,
                "amount_eur": m.money(amount_eur) if outcome == m.OK and currency == "EUR" else None}
         buffers[sender].append((posting, exp))
-        traffic.counts[outcome if reason is None else f"{outcome}:{reason.split(':')[0]}"] += 1
+        traffic.counts[outcome if reason is None or outcome == CONTRACT else f"{outcome}:{reason.split(':')[0]}"] += 1
         traffic.counts["late"] += late
         if outcome == m.OK:
             valid_sent[sender].append({"posting": posting, "value_date": value_day})

@@ -22,15 +22,26 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cues_platform.errors import CuesError
 from cues_platform.processing import Graph, GraphRunner, ProcessorStats
 from cues_platform.queues import Lake
 from cues_platform.reference import model as m
-from cues_platform.reference.generator import Traffic, TrafficSpec, generate
+from cues_platform.reference.generator import (
+    CONTRACT,
+    CONTRACT_REASON,
+    Traffic,
+    TrafficSpec,
+    generate,
+)
 from cues_platform.reference.ledger import LedgerDB, LedgerTotals, totals
 from cues_platform.reference.pipeline import payments_graph
 from cues_platform.reference.report import read_results, settlement_report
 
 DEFAULT_PG_DIR = ".cues/postgres"
+
+
+class MaterializationFailedError(CuesError):
+    """A Dagster materialization of the payments assets failed (``--engine dagster``)."""
 
 
 # -- reconciliation ---------------------------------------------------------------------------------
@@ -43,7 +54,8 @@ class Reconciliation:
     ok: int = 0
     rejected: Counter = field(default_factory=Counter)
     malformed: Counter = field(default_factory=Counter)
-    errors: int = 0  # rows in the processors' error queue (a whole batch each)
+    contract_breaks: int = 0  # rows of the errors queue that broke the contract of ``instructions``
+    errors: int = 0  # other rows in the processors' error queue (a whole failed batch each)
     ok_amount: Decimal = Decimal(0)
     ledger_entries: int = 0
     ledger_amount: Decimal = Decimal(0)
@@ -52,6 +64,26 @@ class Reconciliation:
     @property
     def exact(self) -> bool:
         return not self.problems
+
+
+CONTRACT_VIOLATION = "cues_platform.ContractViolation"
+
+
+def contract_breaks(lake: Lake) -> tuple[list[tuple[str, int]], int]:
+    """Postings (subject, offset) that broke the contract of ``instructions`` (rows of ``errors``),
+    and the number of other error rows (failed batches)."""
+    import json
+
+    errors = lake.queue("errors").read_arrow(partition="0", columns=["exception_type", "queue", "payload"])
+    broke, other = [], 0
+    for kind, queue, payload in zip(errors["exception_type"].to_pylist(), errors["queue"].to_pylist(),
+                                    errors["payload"].to_pylist(), strict=True):
+        if kind == CONTRACT_VIOLATION and queue == "instructions" and payload:
+            row = json.loads(payload)
+            broke.append((row["posting_partition"], int(row["posting_offset"])))
+        else:
+            other += 1
+    return broke, other
 
 
 def _landed(lake: Lake) -> tuple[pa.Table, pa.Table]:
@@ -74,7 +106,8 @@ def reconcile(lake: Lake, expected: pa.Table | None = None, *, ledger: LedgerDB 
     rec.ok = statuses.count(m.OK)
     rec.rejected = Counter(r for s, r in zip(statuses, results["reason"].to_pylist(), strict=True) if s == m.REJECTED)
     rec.malformed = Counter(r.split(":")[0] for r in malformed["reason"].to_pylist())
-    rec.errors = lake.queue("errors").count()
+    broke, rec.errors = contract_breaks(lake)
+    rec.contract_breaks = len(broke)
     ok_rows = results.filter(pc.equal(results["status"], m.OK))
     rec.ok_amount = sum(ok_rows["settlement_amount"].to_pylist(), Decimal(0))
     entries = lake.queue("ledger_entries").read_arrow(partition="0", columns=["amount"])
@@ -88,6 +121,8 @@ def reconcile(lake: Lake, expected: pa.Table | None = None, *, ledger: LedgerDB 
     for p, o, r in zip(malformed["posting_partition"].to_pylist(), malformed["posting_offset"].to_pylist(),
                        malformed["reason"].to_pylist(), strict=True):
         landed.setdefault((p, o), []).append(("MALFORMED", r))
+    for key in broke:
+        landed.setdefault(key, []).append((CONTRACT, CONTRACT_REASON))
     twice = [k for k, v in landed.items() if len(v) > 1]
     if twice:
         rec.problems.append(f"{len(twice)} posting(s) landed more than once, e.g. {twice[:3]}")
@@ -145,6 +180,7 @@ def process(graph: Graph, lake: Lake, *, spark: Any, ledger: LedgerDB, hook: Any
                 if runner.step_once(pid) is not None:
                     progressed = True
                     live.update(_table(runner))
+    console.print()
     return runner.stats
 
 
@@ -209,7 +245,7 @@ def run_reference(*, lake_root: str, spec: TrafficSpec, console: Any, ledger: Le
         f"generated {traffic.postings:,} postings from {len(spec.participants)} participants in "
         f"{traffic.sends} sends ({traffic.resends} re-sent after a lost ack, absorbed), "
         f"{c['late']} late, {sum(v for k, v in c.items() if k.startswith('MALFORMED'))} malformed, "
-        f"{c[f'{m.REJECTED}:{m.DUPLICATE_MESSAGE_ID}']} duplicate ids; value dates "
+        f"{c[f'{m.REJECTED}:{m.DUPLICATE_MESSAGE_ID}']} duplicate ids, {c[CONTRACT]} contract breaks; value dates "
         f"{', '.join(d.isoformat() for d in traffic.days)}")
 
     t = time.monotonic()
@@ -250,9 +286,12 @@ def materialize_all(graph: Graph, lake: Lake, *, spark: Any, ledger: LedgerDB, c
     for run in range(1, max_runs + 1):
         before = {q: lake.queue(q).version() for q in graph.queues}
         with console.status(f"dagster: materializing every processor asset (run {run}) ..."):
-            result = materialize(assets, resources=dict(defs.resources or {}))
+            result = materialize(assets, resources=dict(defs.resources or {}),
+                                 run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}})
         if not result.success:
-            raise RuntimeError("a Dagster materialization failed; see the run log")
+            raise MaterializationFailedError(
+                f"the Dagster materialization of every processor asset failed (run {run}, id "
+                f"{result.run_id}); the failed step's error is in the log above", run_id=result.run_id)
         if {q: lake.queue(q).version() for q in graph.queues} == before:
             return
 
@@ -269,7 +308,9 @@ def print_summary(s: Summary, console: Any) -> None:
                   ", ".join(f"{k} {v}" for k, v in sorted(rec.rejected.items())))
     table.add_row("malformed → error queue", f"{sum(rec.malformed.values()):,}",
                   ", ".join(f"{k} {v}" for k, v in sorted(rec.malformed.items())))
-    table.add_row("processor errors", str(rec.errors), "")
+    table.add_row("contract breaks → errors queue", f"{rec.contract_breaks:,}",
+                  "header breaks the contract of instructions")
+    table.add_row("processor errors (failed batches)", str(rec.errors), "")
     table.add_row("ledger (PostgreSQL)", f"{t.entries:,} entries",
                   f"{t.amount:,.2f} EUR in {t.deliveries} deliveries; balances "
                   f"{'sum to the openings' if t.balanced else '[red]DO NOT sum to the openings[/]'}")

@@ -14,7 +14,7 @@ Contracts (each processor is exactly-once; see docs/reference-pipeline.md):
   step (whichever has data, round robin), adding where each instruction came from.
 - ``parse`` (map) parses the JSON payload and names the first failed check in ``malformed``.
 - ``fx`` (source) publishes one fixing (a row per currency) when ``convert`` has instructions
-  waiting and has used every fixing published so far (quotes on demand), so the join always
+  waiting (or on their way) and has used every fixing published so far (quotes on demand), so the join always
   gets a batch from both inputs and never stalls; fixing ``k`` depends only on ``k``.
 - ``convert`` (join) prices each instruction at the latest fixing of its batch.
 - ``validate`` (fork) routes malformed instructions to ``malformed`` and decides OK / REJECTED for
@@ -22,6 +22,11 @@ Contracts (each processor is exactly-once; see docs/reference-pipeline.md):
   opening balances from the ``accounts`` directory + its delivered ledger entries).
 - ``ledger`` (sink) books the entries and balances in PostgreSQL in one transaction with the
   delivery hash (:func:`cues_platform.processing.sinks.postgres_once`).
+
+``instructions`` has a data contract (:data:`INSTRUCTIONS_CONTRACT`, pandera): a posting whose
+header breaks it (a negative replay counter, a last posting before the first, a participant
+posting to itself) is split off inside the ``intake`` step and delivered to ``errors`` in the same
+attempt, one row naming the failed checks with the row as JSON; the rest of the batch goes on.
 
 ``intake``, ``parse`` and ``convert`` are stateless: a batch that raises goes to ``errors`` (one
 row naming the input ranges). ``validate`` and ``ledger`` keep state, so they have no error
@@ -37,14 +42,40 @@ from functools import reduce
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from cues_platform.processing import ERROR_SCHEMA, Graph, In, Kind, Options, Out, Processor, QueueDef
+from cues_platform.processing import (
+    ERROR_SCHEMA,
+    Graph,
+    In,
+    Kind,
+    Options,
+    Out,
+    Processor,
+    QueueDef,
+)
 from cues_platform.reference import model as m
 
 GRAPH_NAME = "payments"
 FIXING_EPOCH = datetime(2026, 11, 20, tzinfo=UTC)
 DEFAULT_BATCH = 5_000
+
+
+def instructions_contract() -> Any:
+    """The contract of ``instructions`` (pandera, checked row by row inside the ``intake`` step)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pandera.pandas as pa_
+
+    return pa_.DataFrameSchema(
+        {"replays": pa_.Column(checks=pa_.Check.ge(0), name="replays")},
+        checks=[
+            pa_.Check(lambda df: df["last_datum"] >= df["inception_datum"], name="last_datum_not_before_inception"),
+            pa_.Check(lambda df: df["sender"] != df["receiver"], name="sender_is_not_receiver"),
+        ],
+        strict=False, name="instructions",
+    )
 
 
 # -- intake (alts) ----------------------------------------------------------------------------------
@@ -135,15 +166,28 @@ def convert_position(lake: Any) -> tuple[int, int]:
     return snap.inputs["postings"].end, snap.inputs["rates"].end
 
 
+def upstream_pending(lake: Any) -> bool:
+    """Whether postings or instructions wait upstream of ``parsed`` (a heuristic: postings beyond
+    what ``intake`` turned into instructions or errors, instructions beyond what ``parse`` parsed)."""
+    postings = lake.queue("postings")
+    posted = sum(postings.next_offset(p) for p in postings.partitions)
+    instructions_end = lake.queue("instructions").next_offset("0")
+    return (posted > instructions_end + lake.queue("errors").next_offset("0")
+            or instructions_end > lake.queue("parsed").next_offset("0"))
+
+
 def make_fx(seed: int = 11) -> Any:
     def fx(ctx: Any) -> pa.Table | None:
         """Quote on demand: publish fixing ``ctx.step`` (one rate per currency, EUR per unit) when
-        ``convert`` has parsed instructions waiting and has read every fixing published so far;
-        otherwise nothing (not a step)."""
+        ``convert`` has read every fixing published so far and instructions wait for it (parsed,
+        or still upstream: so one pass over the graph in topological order, e.g. one Dagster run
+        of every asset, gets a fixing before ``convert``); otherwise nothing (not a step)."""
         parsed_end = ctx.lake.queue("parsed").next_offset("0")
         rates_end = ctx.lake.queue("fx_rates").next_offset("0")
         read_postings, read_rates = convert_position(ctx.lake)
-        if parsed_end <= read_postings or rates_end > read_rates:
+        if rates_end > read_rates:
+            return None
+        if parsed_end <= read_postings and not upstream_pending(ctx.lake):
             return None
         return fixing(ctx.step, seed=seed)
 
@@ -262,7 +306,7 @@ def payments_graph(*, batch_size: int = DEFAULT_BATCH, fx_seed: int = 11,
         name=GRAPH_NAME,
         queues=[
             QueueDef("postings", m.POSTINGS, participants),
-            QueueDef("instructions", m.INSTRUCTIONS),
+            QueueDef("instructions", m.INSTRUCTIONS, contract=instructions_contract()),
             QueueDef("parsed", m.PARSED),
             QueueDef("fx_rates", m.FX_RATES),
             QueueDef("priced", m.PRICED),
@@ -291,5 +335,5 @@ def payments_graph(*, batch_size: int = DEFAULT_BATCH, fx_seed: int = 11,
 
 graph = payments_graph()  # for `cues graph show cues_platform.reference.pipeline:graph`
 
-__all__ = ["GRAPH_NAME", "convert", "fixing", "graph", "intake", "ledger", "make_fx", "parse",
+__all__ = ["GRAPH_NAME", "convert", "fixing", "graph", "instructions_contract", "intake", "ledger", "make_fx", "parse",
            "payments_graph", "validate"]

@@ -1,0 +1,208 @@
+"""Processor assets: one ``multi_asset`` per processor, one asset per output queue.
+
+A materialization runs ``GraphRunner(graph, lake, spark, only=[processor])``: recovery first
+(fence older instances, roll forward a prepared attempt, or retry a recorded snapshot), then steps
+until the inputs are drained or a bound of :class:`ProcessorRunConfig` is hit. Because recovery
+and the step protocol live in the lake (backing queue, app transactions), whatever re-runs the op
+— an op retry, a run retry, re-execution from failure, a rerun by hand — continues exactly where
+the failed attempt stopped: no input is skipped and no output is written twice.
+"""
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dagster import (
+    AssetDep,
+    AssetExecutionContext,
+    AssetKey,
+    AssetSpec,
+    MaterializeResult,
+    RetryPolicy,
+    TableColumn,
+    TableSchema,
+    multi_asset,
+)
+
+from cues_platform.dagster.io_manager import QUEUE_METADATA
+from cues_platform.dagster.materialize import (
+    InjectedFailure,
+    ProcessorRunConfig,
+    drive,
+    fault_hook,
+    pending_delivery,
+    run_metadata,
+)
+from cues_platform.dagster.resources import describe_record, spark_session_of
+from cues_platform.processing.graph import Graph, Kind, Processor, QueueDef, Strategy
+from cues_platform.processing.runner import GraphRunner
+
+LAKE_KEY = "lake"
+SPARK_KEY = "spark"
+BACKING_KEY = "backing"
+IO_MANAGER_KEY = "cues_io_manager"
+KINDS = {"spark", "delta"}
+__all__ = ["BACKING_KEY", "IO_MANAGER_KEY", "LAKE_KEY", "SPARK_KEY", "InjectedFailure",
+           "ProcessorRunConfig", "build_processor_asset", "external_queues", "external_spec",
+           "is_audited", "output_queues", "processor_keys", "processor_pool", "queue_key"]
+
+
+# -- keys and specs ---------------------------------------------------------------------------------
+def queue_key(name: str, prefix: Sequence[str] = ()) -> AssetKey:
+    return AssetKey([*prefix, name])
+
+
+def output_queues(proc: Processor) -> list[str]:
+    seen: list[str] = []
+    for out in proc.outputs.values():
+        if out.queue not in seen:
+            seen.append(out.queue)
+    return seen
+
+
+def processor_keys(proc: Processor, prefix: Sequence[str] = ()) -> list[AssetKey]:
+    """The asset keys a processor materializes: its output queues, or its own id for a sink."""
+    queues = output_queues(proc)
+    return [queue_key(q, prefix) for q in queues] if queues else [AssetKey([*prefix, proc.id])]
+
+
+def external_queues(graph: Graph) -> list[str]:
+    """Queues read by some processor and written by none (source assets of the graph)."""
+    out: list[str] = []
+    for proc in graph.processors.values():
+        for src in proc.inputs.values():
+            if not graph.producers_of(src.queue) and src.queue not in out:
+                out.append(src.queue)
+    return out
+
+
+def column_schema(qdef: QueueDef) -> TableSchema:
+    return TableSchema(columns=[TableColumn(f.name, str(f.type)) for f in qdef.schema])
+
+
+def _tag(value: str) -> str:
+    return "".join(c if c.isalnum() or c in "_-." else "_" for c in value)[:63]
+
+
+def processor_pool(graph: Graph, proc: Processor) -> str:
+    """The Dagster concurrency pool of a processor's op: ``cues__{graph}__{processor}``. With
+    ``concurrency: {pools: {default_limit: 1}}`` in dagster.yaml, two runs never step the same
+    processor at once (they would be safe, but the later one fences the earlier)."""
+    return f"cues__{_tag(graph.name)}__{_tag(proc.id)}"
+
+
+def external_spec(graph: Graph, name: str, *, prefix: Sequence[str], group_name: str | None) -> AssetSpec:
+    qdef = graph.queues[name]
+    readers = sorted(p.id for p in graph.processors.values() if any(i.queue == name for i in p.inputs.values()))
+    return AssetSpec(
+        queue_key(name, prefix),
+        description=f"External input queue {name!r} of graph {graph.name!r} (written by producers "
+                    f"outside the graph; read by {', '.join(readers)}).",
+        group_name=group_name,
+        kinds={"delta"},
+        tags={"cues/role": "external_queue"},
+        metadata={QUEUE_METADATA: name, "cues/partitions": list(qdef.partitions),
+                  "dagster/column_schema": column_schema(qdef)},
+    ).with_io_manager_key(IO_MANAGER_KEY)
+
+
+def processor_specs(graph: Graph, proc: Processor, *, prefix: Sequence[str],
+                    group_name: str | None) -> list[AssetSpec]:
+    deps: list[AssetDep] = []
+    for src in proc.inputs.values():
+        key = queue_key(src.queue, prefix)
+        if all(d.asset_key != key for d in deps):
+            deps.append(AssetDep(key))
+    tags = {"cues/kind": proc.kind.value, "cues/strategy": proc.strategy.value,
+            "cues/processor": _tag(proc.id), "cues/graph": _tag(graph.name)}
+    doc = proc.doc or f"{proc.kind.value} processor {proc.id!r} of graph {graph.name!r}"
+    common = {"cues/processor": proc.id, "cues/kind": proc.kind.value,
+              "cues/strategy": proc.strategy.value, "cues/batch_size": proc.options.batch_size,
+              "cues/inputs": {b: f"{i.queue}/{i.partition}" for b, i in proc.inputs.items()}}
+    err = graph.error_queue_of(proc)
+    if err:
+        common["cues/error_queue"] = err
+    specs = []
+    queues = output_queues(proc)
+    if not queues:
+        return [AssetSpec(AssetKey([*prefix, proc.id]), deps=deps, description=doc,
+                          group_name=group_name, kinds=set(KINDS), tags={**tags, "cues/sink": "true"},
+                          metadata=common)]
+    for q in queues:
+        qdef = graph.queues[q]
+        meta = {**common, QUEUE_METADATA: q, "cues/partitions": list(qdef.partitions),
+                "dagster/column_schema": column_schema(qdef)}
+        if len(queues) > 1:
+            desc = f"{doc}\n\nOutput queue {q!r} of {proc.kind.value} processor {proc.id!r}."
+        else:
+            desc = doc
+        specs.append(AssetSpec(queue_key(q, prefix), deps=deps, description=desc,
+                               group_name=group_name, kinds=set(KINDS), tags=tags,
+                               metadata=meta).with_io_manager_key(IO_MANAGER_KEY))
+    return specs
+
+
+def build_processor_asset(graph: Graph, proc: Processor, *, prefix: Sequence[str] = (),
+                          group_name: str | None = None, retry_policy: RetryPolicy | None = None,
+                          runner_resource_keys: Sequence[str] = ()) -> Any:
+    """The ``multi_asset`` of one processor (op name = processor id)."""
+    specs = processor_specs(graph, proc, prefix=prefix, group_name=group_name)
+    queues = output_queues(proc)
+    pid = proc.id
+    user_keys = tuple(runner_resource_keys)
+
+    @multi_asset(
+        name=pid,
+        specs=specs,
+        description=proc.doc or None,
+        required_resource_keys={LAKE_KEY, SPARK_KEY, *user_keys},
+        retry_policy=retry_policy,
+        can_subset=False,
+        pool=processor_pool(graph, proc),
+        op_tags={"cues/processor": _tag(pid), "cues/kind": proc.kind.value},
+    )
+    def _materialize(context: AssetExecutionContext, config: ProcessorRunConfig):
+        lake = getattr(context.resources, LAKE_KEY).lake()
+        spark = spark_session_of(getattr(context.resources, SPARK_KEY))
+        resources: Mapping[str, Any] = {k: getattr(context.resources, k) for k in user_keys}
+        holder: dict[str, Any] = {}
+        hook = fault_hook(config, pid, lambda: holder.get("stepper"))
+        started = time.monotonic()
+        runner = GraphRunner(graph=graph, lake=lake, spark=spark, only=[pid], hook=hook,
+                             resources=resources)
+        stepper = runner.steppers[pid]
+        holder["stepper"] = stepper
+        last = stepper.backing.last_record() if hasattr(stepper, "backing") else None
+        found, rolled = describe_record(last), pending_delivery(lake, pid, last)
+        stopped = drive(runner, pid, config)
+        meta = run_metadata(graph, proc, runner, stopped, found, rolled, time.monotonic() - started)
+        stats = runner.stats[pid]
+        results = [r for r in stats.results if rolled or not r.recovered]
+        context.log.info(
+            f"processor {pid}: {meta['cues/steps']} step(s), {meta['cues/rows_in']} row(s) in, "
+            f"{meta['cues/rows_out']} out, {meta['cues/rows_to_errors']} to errors, "
+            f"{meta['cues/recovered_attempts']} rolled forward; stopped: {stopped}; "
+            f"lag {meta['cues/lag_total']}")
+        if not queues:
+            yield MaterializeResult(asset_key=specs[0].key, metadata=meta)
+            return
+        for spec, q in zip(specs, queues, strict=True):
+            queue = lake.queue(q)
+            rows = sum(r.rows_out.get(q, 0) for r in results)
+            count = queue.count()
+            yield MaterializeResult(asset_key=spec.key, metadata={
+                **meta,
+                "cues/queue": q,
+                "cues/rows_out_to_queue": rows,
+                "cues/queue_rows": count,
+                "dagster/row_count": count,
+                "cues/delta_version": queue.version(),
+                "cues/end_offsets": queue.end_offsets(),
+            })
+
+    return _materialize
+
+
+def is_audited(proc: Processor) -> bool:
+    """Exactly-once processors with inputs keep a backing queue the auditor checks."""
+    return proc.strategy is Strategy.EXACTLY_ONCE and proc.kind not in (Kind.SOURCE, Kind.IMPERATIVE)

@@ -1,0 +1,119 @@
+"""``build_definitions(graph)``: a graph's Dagster definitions, complete with default resources."""
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dagster import (
+    AssetSelection,
+    Definitions,
+    RetryPolicy,
+    ScheduleDefinition,
+    define_asset_job,
+)
+
+from cues_platform.dagster.assets import (
+    BACKING_KEY,
+    IO_MANAGER_KEY,
+    LAKE_KEY,
+    SPARK_KEY,
+    build_processor_asset,
+    external_queues,
+    external_spec,
+    processor_keys,
+)
+from cues_platform.dagster.checks import build_checks
+from cues_platform.dagster.io_manager import CuesIOManager
+from cues_platform.dagster.resources import BackingQueueResource, CuesSparkResource, LakeResource
+from cues_platform.dagster.sensors import build_sensors
+from cues_platform.processing.graph import Graph
+
+RESERVED_KEYS = (LAKE_KEY, SPARK_KEY, BACKING_KEY, IO_MANAGER_KEY)
+
+
+def all_job_name(graph: Graph) -> str:
+    return f"{graph.name}__all"
+
+
+def schedule_name(graph: Graph) -> str:
+    return f"{graph.name}__schedule"
+
+
+def build_definitions(
+    graph: Graph,
+    *,
+    lake: LakeResource | None = None,
+    spark: Any = None,
+    resources: Mapping[str, Any] | None = None,
+    group_name: str | None = None,
+    schedule_cron: str | None = "*/15 * * * *",
+    retry_policy: RetryPolicy | None = None,
+    key_prefix: Sequence[str] = (),
+    sensor_interval_seconds: int = 30,
+    max_recovery_attempts: int = 3,
+) -> Definitions:
+    """Dagster definitions of ``graph``.
+
+    - one ``multi_asset`` per processor (op name = processor id), one asset per output queue (key
+      ``[*key_prefix, queue]``), a sink/imperative without outputs as one asset named after it;
+    - external input queues as external ``AssetSpec``s; lineage from the topology;
+    - blocking asset checks (``contract``, ``exactly_once``) per processor output;
+    - a new-data sensor per processor with inputs (sink sensors for sinks), a recovery sensor;
+    - the job ``{graph}__all`` of every processor asset and, unless ``schedule_cron`` is None, the
+      schedule ``{graph}__schedule`` running it;
+    - resources: ``lake`` (default ``LakeResource()``: $CUES_LAKE or ./lake), ``spark`` (default
+      ``CuesSparkResource()``: local[*] or $CUES_SPARK_MASTER; any dagster-pyspark resource or a
+      bare SparkSession works), ``backing`` and ``cues_io_manager``. ``resources`` adds more (or
+      replaces these); every extra resource is also handed to processor functions as
+      ``ctx.resources[key]``.
+    """
+    lake_res = lake if lake is not None else LakeResource()
+    spark_res = spark if spark is not None else CuesSparkResource()
+    extra = dict(resources or {})
+    lake_res = extra.get(LAKE_KEY, lake_res)
+    spark_res = extra.get(SPARK_KEY, spark_res)
+    res: dict[str, Any] = {LAKE_KEY: lake_res, SPARK_KEY: spark_res}
+    if isinstance(lake_res, LakeResource):
+        res[BACKING_KEY] = BackingQueueResource(lake=lake_res)
+        res[IO_MANAGER_KEY] = CuesIOManager(lake=lake_res, spark=spark_res)
+    res.update(extra)
+    user_keys = sorted(k for k in extra if k not in RESERVED_KEYS)
+    prefix = tuple(key_prefix)
+
+    externals = [external_spec(graph, q, prefix=prefix, group_name=group_name)
+                 for q in external_queues(graph)]
+    assets = [build_processor_asset(graph, graph.processors[pid], prefix=prefix,
+                                    group_name=group_name, retry_policy=retry_policy,
+                                    runner_resource_keys=user_keys)
+              for pid in graph.topological_order()]
+    _check_unique_keys(graph, prefix, {s.key for s in externals})
+    keys = [k for pid in graph.topological_order() for k in processor_keys(graph.processors[pid], prefix)]
+    job = define_asset_job(all_job_name(graph), selection=AssetSelection.assets(*keys),
+                           description=f"every processor asset of graph {graph.name!r}",
+                           tags={"cues/graph": graph.name})
+    schedules = []
+    if schedule_cron:
+        schedules.append(ScheduleDefinition(name=schedule_name(graph), cron_schedule=schedule_cron,
+                                            job=job, description=f"runs graph {graph.name!r}"))
+    return Definitions(
+        assets=[*externals, *assets],
+        asset_checks=build_checks(graph, prefix=prefix),
+        sensors=build_sensors(graph, prefix=prefix, minimum_interval_seconds=sensor_interval_seconds,
+                              max_recovery_attempts=max_recovery_attempts),
+        schedules=schedules,
+        jobs=[job],
+        resources=res,
+    )
+
+
+def _check_unique_keys(graph: Graph, prefix: tuple[str, ...], external: set) -> None:
+    from cues_platform.processing.errors import GraphError
+
+    seen: dict[Any, str] = {k: "external queue" for k in external}
+    for pid in graph.topological_order():
+        for key in processor_keys(graph.processors[pid], prefix):
+            if key in seen:
+                raise GraphError(
+                    f"graph {graph.name!r}: asset key {key.to_user_string()} of processor {pid!r} "
+                    f"is also the key of {seen[key]}; rename the processor or the queue",
+                    processor=pid)
+            seen[key] = f"processor {pid!r}"

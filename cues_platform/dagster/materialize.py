@@ -1,0 +1,159 @@
+"""One processor materialization: its run config (bounds, fault injection), the driving loop
+(recovery, then steps until drained or a bound is hit) and its materialization metadata."""
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from dagster import Config
+from pydantic import Field
+
+from cues_platform.errors import CuesError
+from cues_platform.processing.graph import Graph, Processor
+from cues_platform.processing.runner import GraphRunner, ProcessorStats
+from cues_platform.processing.step import StepResult
+
+
+class InjectedFailure(CuesError, RuntimeError):
+    """Raised by the fault-injection hook of :class:`ProcessorRunConfig` (tests, drills).
+
+    Carries ``processor``, ``point`` and ``step``. Retrying helps: recovery resolves whatever the
+    failure left behind (with ``inject_failure_once_file`` the fault does not fire again)."""
+
+    retryable = True
+
+
+class ProcessorRunConfig(Config):
+    """Run config of one processor materialization (launchpad: ``ops.<processor>.config``).
+
+    Bounds: the run stops stepping when any bound is reached (the next run goes on from there);
+    none set means "until the inputs are drained".
+
+    Fault injection, for tests and recovery drills: raise an exception at protocol point
+    ``inject_failure_at`` (``before_snapshot``, ``after_snapshot``, ``after_prepare``,
+    ``after_attempt``, ``between_commits``, ``after_commit``, ``recovery_fenced``) of step
+    ``inject_failure_step`` (any step when unset). With ``inject_failure_once_file`` it fires only
+    while that file does not exist and creates it, so a retry of the run succeeds. Points inside
+    the user function (``after_read``, ``after_function``) are handled like a user error (error
+    queue), not as a crash.
+    """
+
+    max_steps: int | None = Field(default=None, description="stop after this many steps")
+    max_rows: int | None = Field(default=None, description="stop once this many input rows are read")
+    max_seconds: float | None = Field(default=None, description="stop stepping after this long")
+    inject_failure_at: str | None = None
+    inject_failure_step: int | None = None
+    inject_failure_once_file: str | None = None
+
+
+# -- running ------------------------------------------------------------------------------------
+def fault_hook(config: ProcessorRunConfig, processor_id: str,
+               stepper_of: Callable[[], Any]) -> Callable[[str], None] | None:
+    if not config.inject_failure_at:
+        return None
+
+    def hook(point: str) -> None:
+        if point != config.inject_failure_at:
+            return
+        stepper = stepper_of()
+        pending = getattr(stepper, "pending", None)
+        step = pending.step if pending is not None else getattr(stepper, "next_step", None)
+        if config.inject_failure_step is not None and step != config.inject_failure_step:
+            return
+        if config.inject_failure_once_file:
+            marker = Path(config.inject_failure_once_file)
+            if marker.exists():
+                return
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text(f"{processor_id} {point} step {step}\n")
+        raise InjectedFailure(f"injected failure at {point} of step {step} (processor {processor_id!r})",
+                              processor=processor_id, point=point, step=step)
+
+    return hook
+
+
+def drive(runner: GraphRunner, pid: str, config: ProcessorRunConfig) -> str:
+    """Recovery, then ``step_once`` until drained or a bound is hit; returns why it stopped."""
+    started = time.monotonic()
+    runner.recover()
+    steps = rows = 0
+    while True:
+        if config.max_steps is not None and steps >= config.max_steps:
+            return "max_steps"
+        if config.max_rows is not None and rows >= config.max_rows:
+            return "max_rows"
+        if config.max_seconds is not None and time.monotonic() - started >= config.max_seconds:
+            return "max_seconds"
+        result = runner.step_once(pid)
+        if result is None:
+            return "drained"
+        steps += 1
+        rows += result.rows_in or sum(result.rows_out.values())
+
+
+def _ranges(results: Sequence[StepResult]) -> dict[str, str]:
+    spans: dict[str, list[int]] = {}
+    for r in results:
+        for rng in r.inputs.values():
+            if not rng.size:
+                continue
+            key = f"{rng.queue}/{rng.partition}"
+            lo, hi = spans.get(key, [rng.start, rng.end])
+            spans[key] = [min(lo, rng.start), max(hi, rng.end)]
+    return {k: f"[{lo}, {hi})" for k, (lo, hi) in sorted(spans.items())}
+
+
+def pending_delivery(lake: Any, processor_id: str, record: Any) -> bool:
+    """True when ``record`` is an attempt whose commits are not all in its queues yet (recovery
+    will roll it forward); False for a delivered attempt, a snapshot or no record."""
+    if record is None or not record.is_attempt:
+        return False
+    from cues_platform.processing.outputs import delivered_to
+
+    files = record.outputs.get("files", {})
+    return not all(delivered_to(lake.queue(q), processor_id, record.step) for q in files)
+
+
+def run_metadata(graph: Graph, proc: Processor, runner: GraphRunner, stopped: str,
+                 found: dict[str, Any], rolled_forward: bool, elapsed: float) -> dict[str, Any]:
+    """Metadata shared by every output of one processor materialization.
+
+    Recovery re-reports the last attempt even when it was delivered already; such a no-op is not
+    counted as a step here (``rolled_forward`` says whether recovery committed anything)."""
+    stats: ProcessorStats = runner.stats[proc.id]
+    stepper = runner.steppers[proc.id]
+    results = [r for r in stats.results if rolled_forward or not r.recovered]
+    err = graph.error_queue_of(proc)
+    to_errors = sum(r.rows_out.get(err, 0) for r in results if r.outcome == "error") if err else 0
+    outcomes = {k: sum(r.outcome == k for r in results) for k in ("output", "error", "nil")}
+    lag: dict[str, int] = {}
+    for binding, src in proc.inputs.items():
+        queue = runner.lake.queue(src.queue)
+        pos = getattr(stepper, "positions", {}).get(binding, 0)
+        lag[f"{src.queue}/{src.partition}"] = max(0, queue.next_offset(src.partition) - pos)
+    rows_out = sum(sum(r.rows_out.values()) for r in results)
+    meta: dict[str, Any] = {
+        "cues/steps": len(results),
+        "cues/stopped": stopped,
+        "cues/outcomes": outcomes,
+        "cues/input_ranges": _ranges(results),
+        "cues/rows_in": sum(r.rows_in for r in results),
+        "cues/rows_out": rows_out - to_errors,
+        "cues/rows_to_errors": to_errors,
+        "cues/recovered_attempts": sum(r.recovered for r in results),
+        "cues/lag": lag,
+        "cues/lag_total": sum(lag.values()),
+        "cues/seconds": round(elapsed, 3),
+    }
+    if found:
+        meta["cues/recovery_found"] = found
+    pending = getattr(stepper, "pending", None)
+    if results:
+        meta["cues/first_delivery_hash"] = results[0].delivery_hash
+        meta["cues/last_delivery_hash"] = results[-1].delivery_hash
+        meta["cues/first_step"] = results[0].step
+        meta["cues/last_step"] = results[-1].step
+    if pending is not None:
+        meta["cues/pending_step"] = pending.step
+    return meta

@@ -1,0 +1,73 @@
+"""Asset checks on processor outputs: the pandera contract and the exactly-once audit, each
+failing on a lake doctored the way a bug or a rogue producer would."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from dagster import AssetKey, AssetSelection, materialize
+
+from cues_platform.dagster import validate_contract
+from cues_platform.processing import BackingQueue
+from tests.dagster.conftest import assets_of, resources_of
+from tests.dagster.graphs import contract, load_orders
+
+
+def _checks(defs, instance) -> dict[str, tuple[bool, dict]]:
+    """Runs only the checks of ``enriched`` (no materialization) and returns them by name."""
+    result = materialize(assets_of(defs), resources=resources_of(defs), instance=instance,
+                         selection=AssetSelection.checks_for_assets(AssetKey("enriched")),
+                         raise_on_error=False)
+    assert not result.get_asset_materialization_events()
+    return {e.check_name: (e.passed, {k: v.value for k, v in e.metadata.items()})
+            for e in result.get_asset_check_evaluations()}
+
+
+def test_contract_and_exactly_once_checks_fail_on_a_doctored_queue(defs, lake, instance) -> None:
+    load_orders(lake)
+    run = materialize(assets_of(defs), resources=resources_of(defs), instance=instance,
+                      selection=[AssetKey("enriched")])
+    assert run.success
+    checks = _checks(defs, instance)
+    assert checks["contract"][0] and checks["exactly_once"][0]
+    assert checks["exactly_once"][1]["steps_delivered"] == 3
+
+    # a producer appends a row breaking the contract (id >= 0) directly to the queue
+    enriched = lake.queue("enriched")
+    enriched.append(pa.table({"id": pa.array([-4], pa.int64()), "note": ["rogue"]}), partition="0")
+    checks = _checks(defs, instance)
+    passed, meta = checks["contract"]
+    assert not passed and meta["failures"] == 1 and meta["queue"] == "enriched"
+    assert meta["failed_checks"] == ["id: greater_than_or_equal_to(0)"]
+    assert "-4" in meta["details"]
+    assert checks["exactly_once"][0]  # a producer row (no delivery hash) is not a delivery
+
+    # a bug delivers step 1 of enrich a second time, with the same delivery hash
+    step1 = [r for r in BackingQueue(lake, "enrich").records() if r.is_attempt][1]
+    table = enriched.read_arrow(partition="0")
+    mine = table.filter(pc.equal(table["_delivery_hash"], step1.hash))
+    assert mine.num_rows == 10
+    enriched.append(mine.select(enriched.payload_schema.names), partition="0",
+                    delivery_hash=step1.hash)
+    passed, meta = _checks(defs, instance)["exactly_once"]
+    assert not passed and meta["violations"] == 1
+    assert meta["by_kind"] == {"delivered_twice": 1} and not meta["lake_ok"]
+    assert "delivered_twice" in meta["first_violations"] and step1.hash[:12] in meta["first_violations"]
+
+
+def test_validate_contract_on_pandas_and_spark(spark) -> None:
+    good = pa.table({"id": pa.array([0, 2], pa.int64()), "note": ["a", None]})
+    assert validate_contract(contract(), good) == (True, [])
+    bad = pa.table({"id": pa.array([1, -1, -3], pa.int64()), "note": ["a", "b", "c"]})
+    passed, failures = validate_contract(contract(), bad)
+    assert not passed and sorted(f["failure_case"] for f in failures) == ["-1", "-3"]
+
+    import pandera.pyspark as ps
+    from pyspark.sql.types import LongType
+
+    spark_contract = ps.DataFrameSchema({"id": ps.Column(LongType(), ps.Check.ge(0))})
+    df = spark.createDataFrame(bad.to_pandas())
+    passed, failures = validate_contract(spark_contract, df)
+    assert not passed
+    assert any(f["column"] == "id" and "greater_than_or_equal_to" in f["check"] for f in failures)
+    assert validate_contract(spark_contract, spark.createDataFrame(good.to_pandas()))[0]

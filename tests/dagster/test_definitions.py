@@ -1,0 +1,72 @@
+"""A graph becomes Dagster definitions: assets, lineage, external queues, checks, sensors, schedule."""
+
+from __future__ import annotations
+
+import pytest
+from dagster import AssetCheckKey, AssetKey, EnvVar
+
+from cues_platform.dagster import LakeResource, build_definitions
+from cues_platform.errors import ConfigurationError
+from tests.dagster.graphs import build_graph
+
+
+def test_definitions_load_with_assets_lineage_checks_sensors_schedule() -> None:
+    graph = build_graph()
+    defs = build_definitions(graph, group_name="shop")
+    repo = defs.get_repository_def()
+    ag = defs.resolve_asset_graph()
+    keys = {k.to_user_string() for k in ag.get_all_asset_keys()}
+    assert keys == {"orders", "enriched", "big", "small", "archive"}
+    # external input queue: a source asset; processor outputs are materializable
+    assert ag.get(AssetKey("orders")).is_external
+    assert all(ag.get(AssetKey(k)).is_materializable for k in ("enriched", "big", "small", "archive"))
+    # lineage from the topology
+    parents = {k: {p.to_user_string() for p in ag.get(AssetKey(k)).parent_keys}
+               for k in ("enriched", "big", "small", "archive")}
+    assert parents == {"enriched": {"orders"}, "big": {"enriched"}, "small": {"enriched"},
+                       "archive": {"small"}}
+    # the fork is ONE multi-asset with two outputs; the sink one asset named after the processor
+    split = defs.resolve_assets_def(AssetKey("big"))
+    assert set(split.keys) == {AssetKey("big"), AssetKey("small")}
+    assert split.op.name == "split"
+    assert split.op.pool == "cues__shop__split"  # one concurrency pool per processor
+    node = ag.get(AssetKey("enriched"))
+    assert node.group_name == "shop"
+    assert node.kinds == {"spark", "delta"}
+    assert node.tags["cues/kind"] == "map" and node.tags["cues/strategy"] == "exactly_once"
+    assert "Doubles every order id" in (node.description or "")
+    assert ag.get(AssetKey("archive")).tags["cues/kind"] == "sink"
+    # checks: blocking contract on the queue with a contract, exactly-once on every output
+    checks = set(ag.asset_check_keys)
+    assert AssetCheckKey(AssetKey("enriched"), "contract") in checks
+    for k in ("enriched", "big", "small", "archive"):
+        assert AssetCheckKey(AssetKey(k), "exactly_once") in checks
+    assert all(ag.get_check_spec(c).blocking for c in checks)
+    # sensors, job, schedule, resources
+    assert {s.name for s in repo.sensor_defs} == {
+        "shop__enrich__new_data", "shop__split__new_data", "shop__archive__sink", "shop__recovery"}
+    assert [s.name for s in repo.schedule_defs] == ["shop__schedule"]
+    assert repo.get_schedule_def("shop__schedule").cron_schedule == "*/15 * * * *"
+    job = defs.resolve_job_def("shop__all")
+    assert {k.to_user_string() for k in job.asset_layer.executable_asset_keys} >= {
+        "enriched", "big", "small", "archive"}
+    assert {"lake", "spark", "backing", "cues_io_manager"} <= set(repo.get_top_level_resources())
+
+
+def test_no_schedule_and_key_prefix() -> None:
+    defs = build_definitions(build_graph(), schedule_cron=None, key_prefix=["cues"])
+    repo = defs.get_repository_def()
+    assert not repo.schedule_defs
+    assert AssetKey(["cues", "enriched"]) in defs.resolve_asset_graph().get_all_asset_keys()
+
+
+def test_lake_resource_from_env_var_and_secret_options(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("CUES_TEST_LAKE", str(tmp_path / "lake"))
+    resource = LakeResource(root=EnvVar("CUES_TEST_LAKE")).process_config_and_initialize()
+    assert resource.lake().root.rstrip("/").endswith("lake")
+    secret = LakeResource(root=str(tmp_path), secret_options_env={"AWS_SECRET_ACCESS_KEY": "NO_SUCH_VAR"})
+    with pytest.raises(ConfigurationError) as info:
+        secret.lake()
+    assert info.value.env == "NO_SUCH_VAR" and "NO_SUCH_VAR" in str(info.value)
+    monkeypatch.setenv("NO_SUCH_VAR", "s3cr3t")
+    assert secret.lake().options == {"AWS_SECRET_ACCESS_KEY": "s3cr3t"}

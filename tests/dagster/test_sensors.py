@@ -1,0 +1,167 @@
+"""Sensors evaluated with ``build_sensor_context`` on a real instance and a real lake.
+
+New-data and sink sensors: cursor = the input queues' Delta versions, run key = the processor and
+those versions (the same versions always give the same key, so Dagster never launches a duplicate).
+Recovery sensor: one recovery run per failed run of the graph's assets, cursor = the storage id of
+the last RUN_FAILURE event handled, so no failure is ever missed or handled twice.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from dagster import AssetKey, asset, build_sensor_context, instance_for_test, materialize
+
+from cues_platform.dagster import (
+    RECOVERY_ATTEMPT_TAG,
+    RECOVERY_OF_TAG,
+    LakeResource,
+    new_data_run_key,
+)
+from cues_platform.dagster.sensors import RETRY_DECISION_GRACE_SECONDS, awaiting_retry_decision
+from tests.dagster.conftest import assets_of, resources_of
+from tests.dagster.graphs import load_orders, rows
+
+
+def _tick(defs, name: str, instance, lake_resource: LakeResource, cursor: str | None):
+    sensor = defs.get_repository_def().get_sensor_def(name)
+    context = build_sensor_context(instance=instance, cursor=cursor, resources={"lake": lake_resource})
+    return sensor.evaluate_tick(context)
+
+
+# -- new data / sinks -----------------------------------------------------------------------------
+def test_new_data_sensor_cursor_and_deterministic_run_keys(defs, lake, lake_resource, instance) -> None:
+    name = "shop__enrich__new_data"
+    empty = _tick(defs, name, instance, lake_resource, None)
+    assert not empty.run_requests and "empty" in empty.skip_message
+    assert json.loads(empty.cursor) == {"orders": -1}  # the queue does not exist yet
+    load_orders(lake)  # creates the queues, then appends 30 orders
+    version = lake.queue("orders").version()
+    first = _tick(defs, name, instance, lake_resource, empty.cursor)
+    (request,) = first.run_requests
+    assert request.run_key == new_data_run_key("enrich", {"orders": version}) == f"enrich@orders.v{version}"
+    assert request.asset_selection == [AssetKey("enriched")]
+    assert request.tags["cues/trigger"] == "new_data"
+    assert json.loads(first.cursor) == {"orders": version}
+    # the same versions: nothing to do
+    same = _tick(defs, name, instance, lake_resource, first.cursor)
+    assert not same.run_requests and same.cursor == first.cursor
+    # a tick repeated from the old cursor (its cursor was lost) asks for the SAME run key
+    again = _tick(defs, name, instance, lake_resource, empty.cursor)
+    assert [r.run_key for r in again.run_requests] == [request.run_key]
+    # new commits: a new run key
+    lake.queue("orders").append(rows(30, 5), partition="0")
+    newer = _tick(defs, name, instance, lake_resource, first.cursor)
+    assert [r.run_key for r in newer.run_requests] == [f"enrich@orders.v{version + 1}"]
+
+
+def test_created_but_empty_inputs_are_skipped_with_cursor(defs, lake, lake_resource, instance) -> None:
+    from cues_platform.processing.runner import create_queues
+    from tests.dagster.graphs import build_graph
+
+    create_queues(build_graph(with_contract=False), lake)
+    tick = _tick(defs, "shop__split__new_data", instance, lake_resource, json.dumps({"enriched": -1}))
+    assert not tick.run_requests and json.loads(tick.cursor) == {"enriched": 0}
+
+
+def test_sink_sensor_requests_the_sink_asset(defs, lake, lake_resource, instance) -> None:
+    load_orders(lake)
+    lake.queue("small").append(rows(0, 3), partition="0")
+    tick = _tick(defs, "shop__archive__sink", instance, lake_resource, None)
+    (request,) = tick.run_requests
+    assert request.asset_selection == [AssetKey("archive")]
+    assert request.run_key.startswith("archive@small.v")
+
+
+# -- recovery ---------------------------------------------------------------------------------------
+@asset
+def unrelated() -> None:
+    raise RuntimeError("a failure outside the graph")
+
+
+def _fail(defs, instance, keys: list[str], op: str, *, tags: dict | None = None) -> str:
+    cfg = {"ops": {op: {"config": {"inject_failure_at": "before_snapshot"}}}}
+    result = materialize(assets_of(defs), resources=resources_of(defs), instance=instance,
+                         selection=[AssetKey(k) for k in keys], run_config=cfg, tags=tags, raise_on_error=False)
+    assert not result.success
+    return result.run_id
+
+
+@pytest.fixture
+def recovery(defs, lake_resource, instance):
+    def tick(cursor: str | None):
+        return _tick(defs, "shop__recovery", instance, lake_resource, cursor)
+
+    return tick
+
+
+def test_recovery_sensor_one_run_per_failure(defs, instance, recovery) -> None:
+    idle = recovery(None)
+    assert not idle.run_requests and idle.cursor is None
+    failed = _fail(defs, instance, ["enriched"], "enrich")
+    first = recovery(None)
+    (request,) = first.run_requests
+    assert request.run_key == f"recovery:{failed}"
+    assert request.asset_selection == [AssetKey("enriched")]
+    assert request.tags[RECOVERY_OF_TAG] == failed and request.tags[RECOVERY_ATTEMPT_TAG] == "1"
+    # from the returned cursor: nothing new
+    assert not recovery(first.cursor).run_requests
+    # a failure outside the graph is passed over; a later failure of the graph: only that one
+    assert not materialize([unrelated], instance=instance, raise_on_error=False).success
+    later = _fail(defs, instance, ["big", "small"], "split")
+    second = recovery(first.cursor)
+    assert [r.run_key for r in second.run_requests] == [f"recovery:{later}"]
+    assert second.run_requests[0].asset_selection == [AssetKey("big"), AssetKey("small")]
+    assert not recovery(second.cursor).run_requests
+
+
+def test_recovery_sensor_never_misses_a_run_created_earlier(defs, instance, recovery) -> None:
+    """A run created before an already-handled failure but failing after it is still recovered
+    (the cursor is over RUN_FAILURE events, not run ids)."""
+    job = defs.resolve_job_def("shop__all")
+    early = instance.create_run_for_job(job, asset_selection={AssetKey("enriched")})
+    failed = _fail(defs, instance, ["enriched"], "enrich")
+    first = recovery(None)
+    assert [r.run_key for r in first.run_requests] == [f"recovery:{failed}"]
+    instance.report_run_failed(instance.get_run_by_id(early.run_id))
+    second = recovery(first.cursor)
+    assert [r.run_key for r in second.run_requests] == [f"recovery:{early.run_id}"]
+
+
+def test_recovery_attempts_are_counted_and_bounded(defs, instance, recovery) -> None:
+    retry = _fail(defs, instance, ["enriched"], "enrich",
+                  tags={RECOVERY_OF_TAG: "root-run", RECOVERY_ATTEMPT_TAG: "1"})
+    (request,) = recovery(None).run_requests
+    assert request.run_key == f"recovery:{retry}"
+    assert request.tags[RECOVERY_OF_TAG] == "root-run" and request.tags[RECOVERY_ATTEMPT_TAG] == "2"
+    cursor = recovery(None).cursor
+    last = _fail(defs, instance, ["enriched"], "enrich",
+                 tags={RECOVERY_OF_TAG: "root-run", RECOVERY_ATTEMPT_TAG: "3"})
+    tick = recovery(cursor)
+    assert not tick.run_requests and last in tick.skip_message
+    assert not recovery(tick.cursor).run_requests and recovery(tick.cursor).skip_message
+
+
+def test_runs_dagster_will_retry_are_left_to_run_retries(defs, instance, recovery) -> None:
+    retried = _fail(defs, instance, ["enriched"], "enrich", tags={"dagster/will_retry": "true"})
+    tick = recovery(None)
+    assert not tick.run_requests and retried in tick.skip_message and "run retries" in tick.skip_message
+    given_up = _fail(defs, instance, ["enriched"], "enrich", tags={"dagster/will_retry": "false"})
+    assert [r.run_key for r in recovery(tick.cursor).run_requests] == [f"recovery:{given_up}"]
+
+
+def test_untagged_failure_waits_for_dagsters_retry_decision(defs) -> None:
+    """With run retries on, a failure Dagster has not tagged yet holds the recovery cursor (for a
+    bounded time), so the recovery sensor and run retries never both re-run it."""
+    job = defs.resolve_job_def("shop__all")
+    with instance_for_test(overrides={"run_retries": {"enabled": True}}) as retrying:
+        run = retrying.create_run_for_job(job)
+        now = time.time()
+        assert awaiting_retry_decision(retrying, run, now)
+        assert not awaiting_retry_decision(retrying, run, now - RETRY_DECISION_GRACE_SECONDS - 1)
+        tagged = retrying.create_run_for_job(job, tags={"dagster/will_retry": "false"})
+        assert not awaiting_retry_decision(retrying, tagged, now)
+    with instance_for_test() as plain:
+        assert not awaiting_retry_decision(plain, plain.create_run_for_job(job), time.time())
