@@ -9,7 +9,6 @@ partition's offsets are dense and that nothing was written twice.
 from __future__ import annotations
 
 import random
-import shutil
 import time
 
 import pyarrow as pa
@@ -18,6 +17,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from cues_platform.queues import Lake, TransactionalProducer
+from cues_platform.queues.lake import reset_local_lake
 from cues_platform.queues.maintenance import checkpoint, compact
 
 BANKS = ("bank-a", "bank-b", "bank-c")
@@ -45,7 +45,7 @@ def _batch(rng: random.Random, sender: str, start: int, count: int) -> pa.Table:
 
 def run_demo(*, lake_root: str, messages: int, console: Console) -> bool:
     started = time.monotonic()
-    shutil.rmtree(lake_root, ignore_errors=True)
+    reset_local_lake(lake_root)
     lake = Lake(root=lake_root)
     console.print(f"[bold]cues_platform queue demo[/] — lake at {lake.root}")
     postings = lake.create_queue("postings", schema=POSTING, partitions=BANKS)

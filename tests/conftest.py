@@ -1,7 +1,9 @@
-"""Shared fixtures: one Spark session per test session, lakes in temporary folders, queue factories."""
+"""Shared fixtures: one Spark session and one PostgreSQL per test session, lakes in temporary
+folders, queue factories."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -9,6 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from cues_platform.pgserver_db import DSN_ENV, embedded_postgres, stop_embedded_postgres
 from cues_platform.queues import Lake, Queue
 from tests.support import PAYLOAD, ROOT
 
@@ -63,3 +66,16 @@ def run_python() -> Callable[..., object]:
         return proc
 
     return run
+
+
+@pytest.fixture(scope="session")
+def pg_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """DSN of a real PostgreSQL: the external one in $CUES_POSTGRES_DSN, else an embedded one."""
+    external = os.environ.get(DSN_ENV, "").strip()
+    if external:
+        yield external
+        return
+    data_dir = tmp_path_factory.mktemp("pgserver") / "data"
+    dsn = embedded_postgres(data_dir)
+    yield dsn
+    stop_embedded_postgres(data_dir)

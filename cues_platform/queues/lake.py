@@ -189,3 +189,25 @@ def _delta_properties(name: str, properties: Mapping[str, str] | None) -> dict[s
             f"queue {name!r}: only delta.* table properties may be set, not {bad}; the cues.* "
             "properties belong to the queue layer", queue=name)
     return {k: str(v) for k, v in props.items()}
+
+
+def reset_local_lake(root: str | os.PathLike[str]) -> None:
+    """Delete a local lake folder so a demo starts fresh — but only a lake: a missing or empty
+    folder is fine, a folder holding ``queues/`` or ``_cues/`` is deleted, anything else is
+    refused (so ``--lake ~`` can never wipe a home folder)."""
+    import shutil
+
+    path = Path(str(root).removeprefix("file://")).expanduser()
+    if "://" in str(root) and not str(root).startswith("file://"):
+        raise ConfigurationError(f"{root!r}: only a local lake folder can be reset", root=str(root))
+    if not path.exists():
+        return
+    if not path.is_dir():
+        raise ConfigurationError(f"{path} is a file, not a lake folder; pick another --lake", root=str(path))
+    entries = sorted(p.name for p in path.iterdir())
+    if entries and not {"queues", "_cues"} & set(entries):
+        shown = ", ".join(entries[:5]) + (" ..." if len(entries) > 5 else "")
+        raise ConfigurationError(
+            f"refusing to delete {path}: it is not a cues lake (it holds {shown}); pass a new or "
+            "empty folder, or a lake made by an earlier demo", root=str(path))
+    shutil.rmtree(path)

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ import pyarrow.compute as pc
 from cues_platform.errors import CuesError
 from cues_platform.processing import Graph, GraphRunner, ProcessorStats
 from cues_platform.queues import Lake
+from cues_platform.queues.lake import reset_local_lake
 from cues_platform.reference import model as m
 from cues_platform.reference.generator import (
     CONTRACT,
@@ -225,7 +225,7 @@ def run_reference(*, lake_root: str, spec: TrafficSpec, console: Any, ledger: Le
     timings: dict[str, float] = {}
     console.print(f"[bold]cues_platform reference pipeline: payments postings[/] — lake at {lake_root}")
     if fresh:
-        shutil.rmtree(lake_root, ignore_errors=True)
+        reset_local_lake(lake_root)
     lake = Lake(root=lake_root)
     graph = payments_graph(batch_size=batch_size)
     if ledger is None:

@@ -1,29 +1,13 @@
-"""Sink fixtures: one real PostgreSQL per test session (pgserver, or $CUES_POSTGRES_DSN if set)."""
+"""Sink fixtures: connections to the session's real PostgreSQL (``pg_dsn`` in tests/conftest.py)."""
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 
 import psycopg
 import pytest
 from psycopg import sql
-
-from cues_platform.pgserver_db import DSN_ENV, embedded_postgres, stop_embedded_postgres
-
-
-@pytest.fixture(scope="session")
-def pg_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """DSN of a real PostgreSQL: the external one in $CUES_POSTGRES_DSN, else an embedded one."""
-    external = os.environ.get(DSN_ENV, "").strip()
-    if external:
-        yield external
-        return
-    data_dir = tmp_path_factory.mktemp("pgserver") / "data"
-    dsn = embedded_postgres(data_dir)
-    yield dsn
-    stop_embedded_postgres(data_dir)
 
 
 class Connector:

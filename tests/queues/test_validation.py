@@ -133,3 +133,21 @@ def test_failed_commit_leaves_no_rows_and_no_files_after_vacuum(make_queue) -> N
     assert leaked, "the lost commits should have left orphan files for vacuum to find"
     vacuum(q, retention_hours=0)
     assert {p for p in Path(q.uri).rglob("*.parquet")} == before
+
+
+def test_demo_lake_reset_deletes_only_a_lake(tmp_path) -> None:
+    from cues_platform.errors import ConfigurationError
+    from cues_platform.queues import Lake
+    from cues_platform.queues.lake import reset_local_lake
+
+    reset_local_lake(tmp_path / "missing")  # nothing there: nothing to do
+    lake_dir = tmp_path / "lake"
+    Lake(root=str(lake_dir)).create_queue("q", schema=PAYLOAD)
+    reset_local_lake(lake_dir)
+    assert not lake_dir.exists()
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "thesis.tex").write_text("years of work")
+    with pytest.raises(ConfigurationError, match="refusing to delete .*thesis.tex"):
+        reset_local_lake(home)
+    assert (home / "thesis.tex").read_text() == "years of work"

@@ -3,26 +3,18 @@ in a temporary folder, or ``$CUES_POSTGRES_DSN`` if set) and a fresh ledger sche
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
-from cues_platform.pgserver_db import DSN_ENV, embedded_postgres, stop_embedded_postgres
 from cues_platform.reference.ledger import LedgerDB
 
 
 @pytest.fixture(scope="session")
-def ledger_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    external = os.environ.get(DSN_ENV, "").strip()
-    if external:
-        yield external
-        return
-    data_dir = tmp_path_factory.mktemp("reference-pg") / "data"
-    dsn = embedded_postgres(data_dir)
-    yield dsn
-    stop_embedded_postgres(data_dir)
+def ledger_dsn(pg_dsn: str) -> str:
+    """The session's PostgreSQL (``pg_dsn`` in tests/conftest.py); each test uses its own schema."""
+    return pg_dsn
 
 
 def fresh_ledger(dsn: str) -> LedgerDB:
