@@ -42,7 +42,6 @@ from psycopg.types.json import Jsonb
 
 from cues_platform.participants import leases
 from cues_platform.participants.db import Database
-from cues_platform.participants.errors import LeaseLostError
 from cues_platform.participants.model import (
     EMPTY_MESSAGE_ID,
     PAYLOAD_NOT_JSON,
@@ -147,7 +146,7 @@ class ConsumerInstance:
         self.db = Database(dsn, app=f"cues-participant:{self.p}:{instance_id}")
         self.spark, self.validator = spark, validator
         self.lease: leases.Lease | None = None
-        self._renewed = 0.0
+        self.keeper: leases.LeaseKeeper | None = None
         self.runner: Any = None
         self.stop_event = threading.Event()
         self.stats = {"steps": 0, "rows": 0, "failures": 0}
@@ -187,25 +186,21 @@ class ConsumerInstance:
             processors=[proc])
 
     def _hold_lease(self) -> bool:
-        now, ttl = time.monotonic(), self.settings.lease_seconds
-        if self.lease is not None and now - self._renewed < ttl / 3:
-            return True
-        lease = self.lease
-        try:
-            if lease is not None:
-                self.db.run(lambda c: leases.renew(c, lease, ttl), what="renew lease")
-            else:
-                self.lease = self.db.run(
-                    lambda c: leases.claim(c, [CONSUMER_LEASE], self.instance, ttl),
-                    what="claim lease")
-                if self.lease is not None:
-                    log.info("%s took the consumer lease (epoch %s)", self.instance,
-                             self.lease.epoch)
-                    self._ensure_runner().recover()
-        except LeaseLostError:
-            self.lease = None
-        self._renewed = now
-        return self.lease is not None
+        if self.keeper is None:
+            self.keeper = leases.LeaseKeeper(
+                self.db.dsn, app=f"{self.db.app}:lease", names=[CONSUMER_LEASE],
+                owner=self.instance, ttl=self.settings.lease_seconds).start()
+        lease = self.keeper.lease
+        if lease is not None and lease != self.lease:
+            log.info("%s took the consumer lease (epoch %s)", self.instance, lease.epoch)
+            try:
+                self._ensure_runner().recover()  # fences any former holder still running
+            except Exception as exc:  # noqa: BLE001 - retried on the next tick
+                log.warning("%s recovery failed (%s: %s)", self.instance, type(exc).__name__, exc)
+                self.db.close()
+                return False
+        self.lease = lease
+        return lease is not None
 
     def _ensure_runner(self) -> Any:
         if self.runner is None:
@@ -241,8 +236,7 @@ class ConsumerInstance:
                 if idle_exit is not None and time.monotonic() - idle_since > idle_exit:
                     break
                 self.stop_event.wait(self.settings.idle_poll)
-        if self.lease is not None:
-            lease = self.lease
-            self.db.run(lambda c: leases.release(c, lease), what="release lease")
+        if self.keeper is not None:
+            self.keeper.stop()
         self.db.close()
         return self.stats

@@ -16,6 +16,7 @@ its lease expires after ``ttl`` and another instance claims it. Times are the DB
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 
 import psycopg
@@ -82,3 +83,65 @@ def release(conn: psycopg.Connection, lease: Lease) -> None:
         "UPDATE leases SET lease_until = '-infinity' WHERE name = %s AND owner = %s AND epoch = %s",
         (lease.name, lease.owner, lease.epoch),
     )
+
+
+class LeaseKeeper:
+    """Claims one lease among ``names`` and renews it every ``ttl / 3`` from a background thread
+    with its own connection, so a long step (a Spark start, a slow publish) never lets it lapse
+    while the process is alive; a SIGKILL stops the renewals and the lease expires after ``ttl``.
+    ``lease`` is the held lease or None; protocol writes still check it in their transactions."""
+
+    def __init__(self, dsn: str, *, app: str, names: Sequence[str], owner: str, ttl: float) -> None:
+        import threading
+
+        from cues_platform.participants.db import Database
+
+        self.db = Database(dsn, app=app, attempts=3, max_delay=ttl / 2)
+        self.names, self.owner, self.ttl = list(names), owner, ttl
+        self.lease: Lease | None = None
+        self.changed = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"lease-{owner}", daemon=True)
+
+    def start(self) -> LeaseKeeper:
+        self._beat()
+        self._thread.start()
+        return self
+
+    def _beat(self) -> None:
+        import logging
+
+        from cues_platform.participants.errors import ParticipantError
+
+        lease = self.lease
+        try:
+            if lease is None:
+                self.lease = self.db.run(lambda c: claim(c, self.names, self.owner, self.ttl),
+                                         what="claim lease")
+                if self.lease is not None:
+                    self.changed.set()
+            else:
+                self.db.run(lambda c: renew(c, lease, self.ttl), what="renew lease")
+        except LeaseLostError:
+            self.lease = None
+            self.changed.set()
+        except ParticipantError as exc:  # DB unavailable: keep trying; the lease may lapse
+            logging.getLogger(__name__).warning("lease heartbeat failed: %s", exc)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.ttl / 3):
+            self._beat()
+
+    def lost(self) -> None:
+        """The main thread saw the lease refused: drop it (the keeper claims again)."""
+        self.lease = None
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(self.ttl)
+        lease = self.lease
+        if lease is not None:
+            with suppress(Exception):  # expiry releases it anyway
+                self.db.run(lambda c: release(c, lease), what="release lease")
+        self.db.close()

@@ -198,7 +198,7 @@ class ProducerInstance:
         self.db = Database(dsn, app=f"cues-participant:{self.n}:{instance_id}")
         self.slots = slots
         self.lease: leases.Lease | None = None
-        self._renewed = 0.0
+        self.keeper: leases.LeaseKeeper | None = None
         self._producers: dict[int, Producer] = {}
         self._replayed = False
         self.stop_event = threading.Event()
@@ -223,23 +223,16 @@ class ProducerInstance:
         return None if self.lease is None else int(self.lease.name.split(":")[1])
 
     def _hold_lease(self) -> bool:
-        now = time.monotonic()
-        ttl = self.settings.lease_seconds
-        if self.lease is not None and now - self._renewed < ttl / 3:
-            return True
-        lease = self.lease
-        try:
+        if self.keeper is None:
+            self.keeper = leases.LeaseKeeper(
+                self.db.dsn, app=f"{self.db.app}:lease", names=slot_names(self.slots),
+                owner=self.instance, ttl=self.settings.lease_seconds).start()
+        lease = self.keeper.lease
+        if lease != self.lease:
+            self.lease = lease
+            self._replayed = False  # replay what is pending each time a slot is taken over
             if lease is not None:
-                self.db.run(lambda c: leases.renew(c, lease, ttl), what="renew lease")
-            else:
-                self.lease = self.db.run(
-                    lambda c: leases.claim(c, slot_names(self.slots), self.instance, ttl),
-                    what="claim lease")
-                if self.lease is not None:
-                    log.info("%s claimed %s epoch %s", self.instance, self.lease.name, self.lease.epoch)
-        except LeaseLostError:
-            self.lease = None
-        self._renewed = now
+                log.info("%s holds %s epoch %s", self.instance, lease.name, lease.epoch)
         return self.lease is not None
 
     # -- the loop ----------------------------------------------------------------------------------
@@ -255,7 +248,7 @@ class ProducerInstance:
             try:
                 progressed |= self.publish_once()
             except LeaseLostError:
-                self.lease = None
+                self._lost()
             except PublishBailedError as exc:
                 log.warning("%s", exc)
         progressed |= self.apply_results_once() > 0
@@ -271,9 +264,8 @@ class ProducerInstance:
                 if idle_exit is not None and time.monotonic() - idle_since > idle_exit:
                     break
                 self.stop_event.wait(self.settings.idle_poll)
-        if self.lease is not None:
-            lease = self.lease
-            self.db.run(lambda c: leases.release(c, lease), what="release lease")
+        if self.keeper is not None:
+            self.keeper.stop()
         self.db.close()
         return self.stats
 
@@ -415,7 +407,12 @@ class ProducerInstance:
         try:
             self.db.run(bail, what="record bail")
         except LeaseLostError:
-            self.lease = None
+            self._lost()
+
+    def _lost(self) -> None:
+        self.lease = None
+        if self.keeper is not None:
+            self.keeper.lost()
 
     # -- Step 6 ------------------------------------------------------------------------------------
     def apply_results_once(self) -> int:

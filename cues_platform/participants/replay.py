@@ -78,5 +78,5 @@ def replay_pending(inst: ProducerInstance, *, limit: int | None = None) -> int:
                 return total
             total += n
     except LeaseLostError:
-        inst.lease = None
+        inst._lost()
         return total

@@ -71,7 +71,7 @@ def test_crash_network(tmp_path: Path, make_db: Callable[[str], str]) -> None:
         schema=RESULTS_SCHEMA), partition="bank-a")
 
     net = Network(lake=lake.root, dsns=dsns, env=child_env(
-        lease_seconds=2, replay_after=1, batch_size=25, consumer_batch=300, idle_poll=0.02,
+        lease_seconds=3, replay_after=1, batch_size=25, consumer_batch=300, idle_poll=0.02,
         publish_timeout=1.5))
     logs = tmp_path / "logs"
     logs.mkdir()
