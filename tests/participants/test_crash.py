@@ -50,6 +50,16 @@ def _done(dsns: dict[str, str], total: dict[str, int]) -> bool:
     return True
 
 
+def _lease_holder(net: Network, consumer: str) -> Instance:
+    with psycopg.connect(net.dsns[consumer]) as conn:
+        row = conn.execute("SELECT owner FROM leases WHERE name = 'consumer'").fetchone()
+    owner = row[0] if row and row[0] else ""
+    for inst in net.instances:
+        if inst.participant == consumer and owner.startswith(f"{inst.name}#"):
+            return inst
+    return next(i for i in net.instances if i.participant == consumer)
+
+
 @pytest.mark.soak
 def test_crash_network(tmp_path: Path, make_db: Callable[[str], str]) -> None:
     per_producer = 3_400 if soak_enabled() else 150
@@ -91,7 +101,9 @@ def test_crash_network(tmp_path: Path, make_db: Callable[[str], str]) -> None:
         while kills < kills_wanted and time.monotonic() < deadline and not _done(dsns, total):
             time.sleep(rng.uniform(0.3, 1.2))  # chaos pacing, not a correctness wait
             action = rng.random()
-            if action < 0.55:
+            if kills == 2:  # at least once: the consumer instance that holds the lease
+                victim = _lease_holder(net, rng.choice(CONSUMERS))
+            elif action < 0.55:
                 victim = rng.choice([i for i in net.instances if i.role == "producer"])
             elif action < 0.65:
                 victim = rng.choice([i for i in net.instances if i.role == "consumer"])
@@ -105,7 +117,7 @@ def test_crash_network(tmp_path: Path, make_db: Callable[[str], str]) -> None:
                    what="every posting to have its result")
     finally:
         net.stop_all()
-    assert kills > 0
+    assert kills > 0 and terminations > 0
 
     # RESULTS: exactly one result per posting (+ the injected one)
     results = lake.queue(RESULTS)
