@@ -68,6 +68,8 @@ def test_crash_network(tmp_path: Path, make_db: Callable[[str], str]) -> None:
     lake = Lake(root=str(tmp_path / "lake"))
     register(lake, producers=PRODUCERS, consumers=CONSUMERS)
     dsns = {p: make_db(p) for p in PRODUCERS + CONSUMERS}
+    for c in CONSUMERS:
+        Database(dsns[c]).migrate()
     total = {}
     for p in PRODUCERS:
         db = Database(dsns[p])
