@@ -40,6 +40,7 @@ import psycopg
 import pyarrow as pa
 from psycopg.types.json import Jsonb
 
+from cues_platform.errors import CuesError
 from cues_platform.participants import leases
 from cues_platform.participants.db import Database
 from cues_platform.participants.model import (
@@ -230,7 +231,17 @@ class ConsumerInstance:
         self.start()
         idle_since = time.monotonic()
         while not self.stop_event.is_set():
-            if self.tick():
+            try:
+                progressed = self.tick()
+            except CuesError as exc:
+                if not exc.retryable:
+                    raise
+                # the DB or the lake failed transiently: every step is safe to redo
+                log.warning("%s: %s; retrying", self.instance, exc)
+                self.db.close()
+                self.stop_event.wait(min(1.0, self.settings.lease_seconds / 3))
+                continue
+            if progressed:
                 idle_since = time.monotonic()
             else:
                 if idle_exit is not None and time.monotonic() - idle_since > idle_exit:

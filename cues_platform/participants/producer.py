@@ -258,7 +258,17 @@ class ProducerInstance:
         self.start()
         idle_since = time.monotonic()
         while not self.stop_event.is_set():
-            if self.tick():
+            try:
+                progressed = self.tick()
+            except CuesError as exc:
+                if not exc.retryable:
+                    raise
+                # the DB or the lake failed transiently: every step is safe to redo
+                log.warning("%s: %s; retrying", self.instance, exc)
+                self.db.close()
+                self.stop_event.wait(min(1.0, self.settings.lease_seconds / 3))
+                continue
+            if progressed:
                 idle_since = time.monotonic()
             else:
                 if idle_exit is not None and time.monotonic() - idle_since > idle_exit:
