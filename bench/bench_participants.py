@@ -1,19 +1,19 @@
 """Postings protocol end to end: postings/s and posting → result latency with 3 producers × 3
 instances and 2 consumers (one active instance each, Spark), on this machine.
 
-Run: ``.venv/bin/python bench/bench_participants.py [--postings 6000] [--rate 1500]``
-(writes ``bench/results/participants.json``; summarized in ``docs/benchmarks-postings.md``).
+Run: ``.venv/bin/python bench/bench_participants.py [--postings 10000] [--paced-postings 3000]
+[--rate 300]`` (writes ``bench/results/participants.json``; see ``docs/benchmarks-postings.md``).
 
 Set-up: a lake and an embedded PostgreSQL (one database per participant) in a temporary folder;
-every instance is a real process (``python -m cues_platform.participants.instance``).
-A warm-up round (30 postings per producer) waits until the consumers' Spark sessions run. Then a
-feeder records postings at ``--rate`` postings/s in total (every 50 ms, spread over the three
-producers, receivers alternating) until ``--postings`` are recorded, and the run ends when every
-posting has its result in its producer's database.
+every instance is a real process (``python -m cues_platform.participants.instance``). A warm-up
+round (30 postings per producer) waits until the consumers' Spark sessions run. Two phases:
 
-* ``postings_per_s``: postings / (last result time − first posting's inception time);
-* ``latency_ms`` p50/p90/p99/max: ``result_at − inception_datum`` per posting (both from the
-  PostgreSQL server clock): record → assign → publish → consumer step → RESULTS → applied.
+* ``burst`` (sustained throughput): ``--postings`` are recorded at once (spread over the three
+  producers, receivers alternating); ``postings_per_s`` = postings / (last result time − first
+  inception time), i.e. how fast the whole pipeline drains a backlog;
+* ``paced`` (latency): a feeder records ``--rate`` postings/s (every 50 ms) until
+  ``--paced-postings``; ``latency_ms`` p50/p90/p99/max of ``result_at − inception_datum`` (both
+  from the PostgreSQL server clock): record → assign → publish → consumer step → RESULTS → applied.
 """
 
 from __future__ import annotations
@@ -73,10 +73,51 @@ def wait_for(pred, timeout: float, what: str) -> None:  # noqa: ANN001
         time.sleep(0.1)
 
 
+def run_phase(name: str, dbs: dict, dsns: dict, lake: Lake, count: int, rate: float | None,
+              before: int) -> dict:
+    """burst (rate None): record ``count`` postings at once, measure how fast they drain;
+    paced: feed at ``rate`` postings/s (below capacity) and measure the latency."""
+    with psycopg.connect(dsns[PRODUCERS[0]]) as conn:
+        t0 = conn.execute("SELECT now()").fetchone()[0]
+    per_tick = count if rate is None else max(1, int(rate * 0.05))
+    sent, i, start = 0, 0, time.monotonic()
+    while sent < count:
+        n = min(per_tick, count - sent)
+        shares = [n // 3 + (1 if k < n % 3 else 0) for k in range(3)]
+        for p, share in zip(PRODUCERS, shares, strict=True):
+            if share:
+                post_many(dbs[p], None, sender=p, postings=[
+                    Posting(CONSUMERS[(i + k) % 2], f"{name}-{i + k:08d}", '{"amount": 1}')
+                    for k in range(share)])
+                i += share
+        sent += n
+        if rate is not None:
+            time.sleep(max(0.0, start + sent / rate - time.monotonic()))
+    feed_s = time.monotonic() - start
+    wait_for(lambda: resulted(dsns) == before + count, 1800, f"{name}: all results")
+    lat, firsts, lasts = [], [], []
+    for p in PRODUCERS:
+        with psycopg.connect(dsns[p]) as conn:
+            rows = conn.execute(
+                "SELECT extract(epoch FROM result_at - inception_datum) * 1000, "
+                "inception_datum, result_at FROM messages WHERE inception_datum > %s", (t0,)
+            ).fetchall()
+        lat += [float(r[0]) for r in rows]
+        firsts += [r[1] for r in rows]
+        lasts += [r[2] for r in rows]
+    span = (max(lasts) - min(firsts)).total_seconds()
+    return {"postings": len(lat), "offered_rate": rate, "feed_seconds": round(feed_s, 2),
+            "seconds": round(span, 2), "postings_per_s": round(len(lat) / span, 1),
+            "latency_ms": {"p50": round(percentile(lat, 50), 1),
+                           "p90": round(percentile(lat, 90), 1),
+                           "p99": round(percentile(lat, 99), 1), "max": round(max(lat), 1)}}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--postings", type=int, default=6_000)
-    ap.add_argument("--rate", type=float, default=1_500.0, help="offered postings/s (total)")
+    ap.add_argument("--rate", type=float, default=300.0, help="paced phase: postings/s offered")
+    ap.add_argument("--paced-postings", type=int, default=3_000)
     ap.add_argument("--instances", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=200)
     ap.add_argument("--out", default=str(HERE / "results" / "participants.json"))
@@ -104,47 +145,16 @@ def main() -> int:
             post_many(dbs[p], lake, sender=p, postings=[
                 Posting(CONSUMERS[i % 2], f"warm-{i}", '{"w": 1}') for i in range(warm)])
         wait_for(lambda: resulted(dsns) == warm * len(PRODUCERS), 300, "warm-up results")
-        with psycopg.connect(dsns[PRODUCERS[0]]) as conn:
-            t0 = conn.execute("SELECT now()").fetchone()[0]
-        # the feeder
-        per_tick = max(1, int(args.rate * 0.05))
-        sent, i = 0, 0
-        start = time.monotonic()
-        while sent < args.postings:
-            n = min(per_tick, args.postings - sent)
-            shares = [n // 3 + (1 if k < n % 3 else 0) for k in range(3)]
-            for p, share in zip(PRODUCERS, shares, strict=True):
-                if share:
-                    post_many(dbs[p], None, sender=p, postings=[
-                        Posting(CONSUMERS[(i + k) % 2], f"m-{i + k:08d}", '{"amount": 1}')
-                        for k in range(share)])
-                    i += share
-            sent += n
-            due = start + (sent / args.rate)
-            time.sleep(max(0.0, due - time.monotonic()))
-        feed_s = time.monotonic() - start
-        wait_for(lambda: resulted(dsns) == warm * 3 + args.postings, 1800, "all results")
-        lat, firsts, lasts = [], [], []
-        for p in PRODUCERS:
-            with psycopg.connect(dsns[p]) as conn:
-                rows = conn.execute(
-                    "SELECT extract(epoch FROM result_at - inception_datum) * 1000, "
-                    "inception_datum, result_at FROM messages WHERE inception_datum > %s",
-                    (t0,)).fetchall()
-            lat += [float(r[0]) for r in rows]
-            firsts += [r[1] for r in rows]
-            lasts += [r[2] for r in rows]
-        span = (max(lasts) - min(firsts)).total_seconds()
+        burst = run_phase("burst", dbs, dsns, lake, args.postings, None, warm * 3)
+        done = warm * 3 + args.postings
+        paced = run_phase("paced", dbs, dsns, lake, args.paced_postings, args.rate, done)
         result = {
             "benchmark": "participants", "at": now_iso(), "machine": machine_info(),
             "note": "shared 2-core machine (other agents' tests running): numbers are noisy",
             "config": {"producers": 3, "instances_per_producer": args.instances,
-                       "consumers": 2, "active_consumer_instances": 1, "postings": args.postings,
-                       "offered_rate": args.rate, "batch_size": args.batch_size},
-            "feed_seconds": round(feed_s, 2),
-            "postings_per_s": round(len(lat) / span, 1),
-            "latency_ms": {"p50": round(percentile(lat, 50), 1), "p90": round(percentile(lat, 90), 1),
-                           "p99": round(percentile(lat, 99), 1), "max": round(max(lat), 1)},
+                       "consumers": 2, "active_consumer_instances": 1,
+                       "batch_size": args.batch_size},
+            "burst": burst, "paced": paced,
         }
         write_json(args.out, result)
         print(json.dumps(result, indent=2, default=str))

@@ -230,6 +230,7 @@ class ConsumerInstance:
     def run(self, *, idle_exit: float | None = None) -> dict[str, int]:
         self.start()
         idle_since = time.monotonic()
+        delay = self.settings.idle_poll
         while not self.stop_event.is_set():
             try:
                 progressed = self.tick()
@@ -242,11 +243,13 @@ class ConsumerInstance:
                 self.stop_event.wait(min(1.0, self.settings.lease_seconds / 3))
                 continue
             if progressed:
-                idle_since = time.monotonic()
+                idle_since, delay = time.monotonic(), self.settings.idle_poll
             else:
                 if idle_exit is not None and time.monotonic() - idle_since > idle_exit:
                     break
-                self.stop_event.wait(self.settings.idle_poll)
+                # idle: back off exponentially (polling Delta logs and the DB costs CPU)
+                self.stop_event.wait(delay)
+                delay = min(delay * 2, max(self.settings.idle_poll, self.settings.max_idle_poll))
         if self.keeper is not None:
             self.keeper.stop()
         self.db.close()

@@ -85,7 +85,8 @@ class Settings:
     batch_size: int = 200  # postings per publication (one POSTINGS commit)
     results_batch: int = 5_000
     replay_after: float = 30.0  # acked postings without a result for this long are replayed
-    idle_poll: float = 0.05
+    idle_poll: float = 0.02  # first wait when idle; doubles up to max_idle_poll
+    max_idle_poll: float = 0.25
     consumer_batch: int = 5_000
 
     @classmethod

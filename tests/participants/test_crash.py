@@ -100,18 +100,21 @@ def test_crash_network(tmp_path: Path, make_db: Callable[[str], str]) -> None:
         # chaos: seeded random SIGKILLs (restarted at once) and terminated DB sessions
         kills = terminations = 0
         deadline = time.monotonic() + (1200 if soak_enabled() else 150)
-        while kills < kills_wanted and time.monotonic() < deadline and not _done(dsns, total):
+        while (kills < kills_wanted or terminations < kills_wanted // 2) and (
+                time.monotonic() < deadline):
             time.sleep(rng.uniform(0.3, 1.2))  # chaos pacing, not a correctness wait
             action = rng.random()
+            if kills >= kills_wanted:
+                action = 1.0  # enough kills: only drop DB sessions now
+            if action >= 0.65:
+                terminations += net.terminate_backends(rng, rng.choice(PRODUCERS + CONSUMERS))
+                continue
             if kills == 2:  # at least once: the consumer instance that holds the lease
                 victim = _lease_holder(net, rng.choice(CONSUMERS))
             elif action < 0.55:
                 victim = rng.choice([i for i in net.instances if i.role == "producer"])
-            elif action < 0.65:
-                victim = rng.choice([i for i in net.instances if i.role == "consumer"])
             else:
-                terminations += net.terminate_backends(rng, rng.choice(PRODUCERS + CONSUMERS))
-                continue
+                victim = rng.choice([i for i in net.instances if i.role == "consumer"])
             victim.kill()
             victim.start(lake.root, net.env)
             kills += 1
