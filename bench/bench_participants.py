@@ -96,12 +96,20 @@ def run_phase(name: str, dbs: dict, dsns: dict, lake: Lake, count: int, rate: fl
     feed_s = time.monotonic() - start
     wait_for(lambda: resulted(dsns) == before + count, 1800, f"{name}: all results")
     lat, firsts, lasts = [], [], []
+    stages: dict[str, list[float]] = {}
     for p in PRODUCERS:
         with psycopg.connect(dsns[p]) as conn:
             rows = conn.execute(
                 "SELECT extract(epoch FROM result_at - inception_datum) * 1000, "
                 "inception_datum, result_at FROM messages WHERE inception_datum > %s", (t0,)
             ).fetchall()
+            for stage, a, b in (("record_to_assign", "recorded", "assigned"),
+                                ("assign_to_ack", "assigned", "posting_acked"),
+                                ("ack_to_result", "posting_acked", "result_received")):
+                stages.setdefault(stage, []).extend(float(r[0]) for r in conn.execute(
+                    "SELECT extract(epoch FROM max(at) FILTER (WHERE action = %s) - "
+                    "min(at) FILTER (WHERE action = %s)) * 1000 FROM audit "
+                    "WHERE at > %s GROUP BY message_id", (b, a, t0)))
         lat += [float(r[0]) for r in rows]
         firsts += [r[1] for r in rows]
         lasts += [r[2] for r in rows]
@@ -110,7 +118,9 @@ def run_phase(name: str, dbs: dict, dsns: dict, lake: Lake, count: int, rate: fl
             "seconds": round(span, 2), "postings_per_s": round(len(lat) / span, 1),
             "latency_ms": {"p50": round(percentile(lat, 50), 1),
                            "p90": round(percentile(lat, 90), 1),
-                           "p99": round(percentile(lat, 99), 1), "max": round(max(lat), 1)}}
+                           "p99": round(percentile(lat, 99), 1), "max": round(max(lat), 1)},
+            "stage_p50_ms": {k: round(percentile([x for x in v if x == x], 50), 1)
+                             for k, v in stages.items() if v}}
 
 
 def main() -> int:
