@@ -21,6 +21,8 @@ from cues_platform.queues import Lake, Queue
 from cues_platform.queues.errors import InvalidNameError
 from cues_platform.queues.names import validate_name, validate_partition
 
+PLACEHOLDER = "0"
+
 
 def validate_participant(participant: str) -> str:
     try:
@@ -39,7 +41,8 @@ def _queue(lake: Lake, name: str, schema, parts: list[str]) -> Queue:  # noqa: A
         if missing:
             q.add_partitions(missing)
         return q
-    return lake.create_queue(name, schema=schema, partitions=parts or ["_none"], exist_ok=True)
+    # a queue needs one partition; "0" can never be a participant id (ids start with a letter)
+    return lake.create_queue(name, schema=schema, partitions=parts or [PLACEHOLDER], exist_ok=True)
 
 
 def register(lake: Lake, *, producers: Iterable[str] = (), consumers: Iterable[str] = ()) -> None:
@@ -71,7 +74,7 @@ def require(lake: Lake, participant: str, role: Role | str) -> None:
     if participant not in q.partitions:
         raise UnknownParticipantError(
             f"participant {participant!r} is not a registered {role.value} (known: "
-            f"{sorted(p for p in q.partitions if p != '_none')}); register it first "
+            f"{sorted(p for p in q.partitions if p != PLACEHOLDER)}); register it first "
             f"(cues participant register --id {participant} --role {role.value})",
             participant=participant, role=role.value,
         )

@@ -133,3 +133,15 @@ def test_unknown_and_malformed_results_are_consistency_issues(
     assert sorted(rows(dsn, "SELECT kind, message_id FROM consistency_issues"),
                   key=str) == sorted([("unknown_message", "never-sent"),
                                       ("malformed_result", None)], key=str)
+
+
+def test_unregistered_sender_and_empty_network(lake: Lake, make_db: Callable[[str], str]) -> None:
+    register(lake)  # no participant yet: the queues exist with a placeholder subject
+    db = Database(make_db("bank-q"))
+    db.migrate()
+    with pytest.raises(UnknownParticipantError, match="not a registered producer"):
+        post_many(db, lake, sender="bank-q", postings=[Posting("bank-x", "m1", "{}")])
+    register(lake, producers=["bank-q"])
+    with pytest.raises(UnknownParticipantError, match="not a registered consumer"):
+        post_many(db, lake, sender="bank-q", postings=[Posting("bank-x", "m1", "{}")])
+    assert db.run(lambda c: c.execute("SELECT count(*) FROM messages").fetchone()[0]) == 0
