@@ -129,7 +129,7 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=300.0, help="paced phase: postings/s offered")
     ap.add_argument("--paced-postings", type=int, default=3_000)
     ap.add_argument("--instances", type=int, default=3)
-    ap.add_argument("--batch-size", type=int, default=200)
+    ap.add_argument("--batch-size", type=int, default=1000)
     ap.add_argument("--out", default=str(HERE / "results" / "participants.json"))
     args = ap.parse_args()
 

@@ -82,7 +82,7 @@ class Settings:
     backoff_initial: float = 0.05
     backoff_max: float = 2.0
     lease_seconds: float = 10.0
-    batch_size: int = 200  # postings per publication (one POSTINGS commit)
+    batch_size: int = 1000  # postings per publication (one POSTINGS commit)
     results_batch: int = 5_000
     replay_after: float = 30.0  # acked postings without a result for this long are replayed
     idle_poll: float = 0.02  # first wait when idle; doubles up to max_idle_poll

@@ -46,3 +46,35 @@ def test_cli_register_post_check(tmp_path: Path, make_db: Callable[[str], str]) 
     bad = cli.invoke(participant, ["check", "--id", "bank-a", "--dsn", dsn])
     assert bad.exit_code == 1 and "issue unknown_message" in bad.output and "ghost" in bad.output
     Database(dsn).close()
+
+
+def test_cli_run_spawns_instances(tmp_path: Path, make_db: Callable[[str], str]) -> None:
+    """``participant run --instances 2``: two processes publish the recorded postings."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.support import ROOT
+
+    lake, dsn = str(tmp_path / "lake"), make_db("bank-a")
+    cli = CliRunner()
+    cli.invoke(participant, ["register", "--lake", lake, "--producer", "bank-a",
+                             "--consumer", "bank-x"])
+    out = cli.invoke(participant, ["post", "--id", "bank-a", "--lake", lake, "--dsn", dsn,
+                                   "--to", "bank-x", "--count", "40", "--prefix", "r"])
+    assert out.exit_code == 0, out.output
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CUES_PARTICIPANT_BATCH_SIZE": "10"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "cues_platform.participants.cli", "run", "--id", "bank-a",
+         "--role", "producer", "--instances", "2", "--lake", lake, "--dsn", dsn,
+         "--idle-exit", "1.5", "--no-restart"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    stats = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(stats) == 2
+    db = Database(dsn)
+    assert db.run(lambda c: c.execute(
+        "SELECT ack_status, count(*) FROM messages GROUP BY 1").fetchall()) == [
+        ("acked_posting", 40)]
+    assert Lake(root=lake).queue("postings").read_arrow(partition="bank-x").num_rows == 40
+    db.close()
