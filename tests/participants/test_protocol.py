@@ -145,3 +145,39 @@ def test_unregistered_sender_and_empty_network(lake: Lake, make_db: Callable[[st
     with pytest.raises(UnknownParticipantError, match="not a registered consumer"):
         post_many(db, lake, sender="bank-q", postings=[Posting("bank-x", "m1", "{}")])
     assert db.run(lambda c: c.execute("SELECT count(*) FROM messages").fetchone()[0]) == 0
+
+
+def test_publish_bails_then_republishes_the_same_sequence(
+        lake: Lake, make_db: Callable[[str], str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from cues_platform.errors import TransientStorageError
+    from cues_platform.participants.errors import PublishBailedError
+    from cues_platform.queues import Producer
+
+    register(lake, producers=["bank-a"], consumers=["bank-x"])
+    dsn = make_db("bank-a")
+    prod = ProducerInstance(participant="bank-a", lake=lake, dsn=dsn, instance_id="a1",
+                            settings=Settings(publish_attempts=3, backoff_initial=0.001,
+                                              backoff_max=0.01, lease_seconds=5))
+    prod.start()
+    post_many(prod.db, lake, sender="bank-a", postings=postings(["bank-x"], 5))
+    assert prod._hold_lease()
+    calls: list[int] = []
+    real = Producer.send_many
+
+    def flaky(self: Producer, batches: object, **kw: object) -> object:
+        calls.append(kw["sequence"])  # type: ignore[arg-type]
+        if len(calls) <= 3:
+            raise TransientStorageError("injected: storage unavailable")
+        return real(self, batches, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Producer, "send_many", flaky)
+    with pytest.raises(PublishBailedError) as bailed:
+        prod.publish_once()
+    assert bailed.value.attempts == 3 and bailed.value.retryable
+    assert rows(dsn, "SELECT DISTINCT ack_status, retries FROM messages") == [("nacked_posting", 3)]
+    assert rows(dsn, "SELECT count(*) FROM audit WHERE action = 'publish_bailed'") == [(5,)]
+    assert prod.publish_once()
+    assert calls == [0, 0, 0, 0]  # the same (producer id, sequence) every time
+    assert rows(dsn, "SELECT DISTINCT ack_status, retries FROM messages") == [("acked_posting", 3)]
+    assert lake.queue("postings").read_arrow(partition="bank-x").num_rows == 5
+    prod.keeper.stop()
