@@ -1,0 +1,285 @@
+"""Each participant's own PostgreSQL database: connections, retries, versioned migrations.
+
+Default: an embedded PostgreSQL from the ``pgserver`` package (one server per data directory, one
+database per participant); any external PostgreSQL by DSN (``--dsn`` / ``$CUES_POSTGRES_DSN``).
+
+Migrations are numbered; :func:`migrate` applies the missing ones on start, each in its own
+transaction together with its row in ``schema_migrations``, under a transaction-scoped advisory
+lock so that x instances starting at once apply each migration exactly once.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from contextlib import suppress
+from pathlib import Path
+from typing import TypeVar
+from urllib.parse import urlencode, urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+from tenacity import (
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
+
+from cues_platform.participants.errors import DatabaseUnavailableError, ParticipantConfigError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+_DB_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+MIGRATION_LOCK = 0x6375_6573  # advisory lock key ("cues")
+
+MIGRATIONS: list[tuple[int, str, str]] = [
+    (1, "message record, audit trail, leases, publications, subscriptions, issues", """
+CREATE TABLE messages (
+    sender            text        NOT NULL,
+    message_id        text        NOT NULL,
+    receiver          text        NOT NULL,
+    ack_status        text        NOT NULL,
+    processing_status text        NOT NULL,
+    replays           integer     NOT NULL DEFAULT 0,
+    retries           integer     NOT NULL DEFAULT 0,
+    inception_datum   timestamptz NOT NULL,
+    last_datum        timestamptz NOT NULL,
+    updated_at        timestamptz NOT NULL,
+    payload           text,
+    pub_slot          integer,
+    pub_seq           bigint,
+    posting_offset    bigint,
+    result_reason     text,
+    result_at         timestamptz,
+    created_seq       bigserial,
+    PRIMARY KEY (sender, message_id),
+    CHECK (ack_status IN ('nacked_posting', 'acked_posting', 'acked_result')),
+    CHECK (processing_status IN ('PENDING', 'OK', 'REJECTED'))
+);
+CREATE INDEX messages_unassigned ON messages (created_seq)
+    WHERE ack_status = 'nacked_posting' AND pub_seq IS NULL;
+CREATE INDEX messages_pending ON messages (last_datum)
+    WHERE ack_status = 'acked_posting' AND processing_status = 'PENDING';
+CREATE INDEX messages_pub ON messages (pub_slot, pub_seq);
+
+CREATE TABLE audit (
+    id          bigserial   PRIMARY KEY,
+    sender      text        NOT NULL,
+    message_id  text        NOT NULL,
+    action      text        NOT NULL,
+    at          timestamptz NOT NULL DEFAULT clock_timestamp(),
+    instance_id text        NOT NULL,
+    detail      jsonb       NOT NULL DEFAULT '{}'::jsonb
+);
+CREATE INDEX audit_message ON audit (sender, message_id);
+CREATE RULE audit_no_update AS ON UPDATE TO audit DO INSTEAD NOTHING;
+CREATE RULE audit_no_delete AS ON DELETE TO audit DO INSTEAD NOTHING;
+
+CREATE TABLE leases (
+    name        text        PRIMARY KEY,
+    owner       text,
+    epoch       bigint      NOT NULL DEFAULT 0,
+    lease_until timestamptz NOT NULL DEFAULT '-infinity',
+    next_seq    bigint      NOT NULL DEFAULT 0
+);
+
+CREATE TABLE publications (
+    slot        integer     NOT NULL,
+    seq         bigint      NOT NULL,
+    kind        text        NOT NULL CHECK (kind IN ('posting', 'replay')),
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    acked_at    timestamptz,
+    attempts    integer     NOT NULL DEFAULT 0,
+    last_error  text,
+    PRIMARY KEY (slot, seq)
+);
+CREATE INDEX publications_unacked ON publications (slot, seq) WHERE acked_at IS NULL;
+
+CREATE TABLE publication_items (
+    slot       integer NOT NULL,
+    seq        bigint  NOT NULL,
+    sender     text    NOT NULL,
+    message_id text    NOT NULL,
+    replays    integer NOT NULL,
+    PRIMARY KEY (slot, seq, sender, message_id)
+);
+
+CREATE TABLE subscriptions (
+    queue     text   NOT NULL,
+    partition text   NOT NULL,
+    position  bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (queue, partition)
+);
+
+CREATE TABLE consistency_issues (
+    id          bigserial   PRIMARY KEY,
+    kind        text        NOT NULL,
+    sender      text,
+    message_id  text,
+    detail      jsonb       NOT NULL DEFAULT '{}'::jsonb,
+    at          timestamptz NOT NULL DEFAULT now(),
+    instance_id text        NOT NULL
+);
+
+CREATE TABLE received (
+    sender        text        NOT NULL,
+    message_id    text        NOT NULL,
+    receiver      text        NOT NULL,
+    replays       integer     NOT NULL,
+    status        text        NOT NULL,
+    reason        text,
+    routed        boolean     NOT NULL,
+    delivery_hash text        NOT NULL,
+    step          bigint      NOT NULL,
+    received_at   timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (sender, message_id)
+);
+CREATE INDEX received_hash ON received (delivery_hash);
+"""),
+]
+
+
+def validate_database_name(name: str) -> str:
+    if not _DB_NAME.match(name):
+        raise ParticipantConfigError(
+            f"invalid database name {name!r}: lowercase letter, then letters, digits, '_'",
+            database=name,
+        )
+    return name
+
+
+def database_name(participant: str) -> str:
+    """The database of a participant on a shared (embedded) server: ``cues_p_<id>``."""
+    return validate_database_name("cues_p_" + re.sub(r"[^a-z0-9_]", "_", participant.lower()))
+
+
+def with_database(dsn: str, database: str) -> str:
+    """``dsn`` (a URI) pointing at ``database`` instead."""
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(path="/" + database))
+
+
+def with_app_name(dsn: str, app: str) -> str:
+    parts = urlsplit(dsn)
+    query = parts.query + ("&" if parts.query else "") + urlencode({"application_name": app})
+    return urlunsplit(parts._replace(query=query))
+
+
+def ensure_database(server_dsn: str, database: str) -> str:
+    """Create ``database`` on the server of ``server_dsn`` if missing; return its DSN."""
+    validate_database_name(database)
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone()
+        if not exists:
+            # another instance may win the race
+            with suppress(psycopg.errors.DuplicateDatabase, psycopg.errors.UniqueViolation):
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
+    return with_database(server_dsn, database)
+
+
+def participant_dsn(participant: str, *, dsn: str | None = None, data_dir: str | Path | None = None) -> str:
+    """The DSN of a participant's database: ``dsn`` as given (external PostgreSQL: one database
+    per participant, named by the DSN), else its own database on the embedded server under
+    ``data_dir``."""
+    if dsn:
+        return dsn
+    if data_dir is None:
+        raise ParticipantConfigError(
+            "give a participant a DSN (--dsn / $CUES_POSTGRES_DSN) or a data directory for the "
+            "embedded PostgreSQL", participant=participant
+        )
+    from cues_platform.pgserver_db import embedded_postgres
+
+    return ensure_database(embedded_postgres(Path(data_dir) / "pg"), database_name(participant))
+
+
+def migrate(conn: psycopg.Connection) -> list[int]:
+    """Apply the missing migrations; returns the versions this call applied."""
+    applied: list[int] = []
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (version integer PRIMARY KEY, "
+            "description text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        done = {r[0] for r in conn.execute("SELECT version FROM schema_migrations")}
+        for version, description, ddl in MIGRATIONS:
+            if version in done:
+                continue
+            with conn.transaction():
+                conn.execute(ddl)  # type: ignore[arg-type]  # static DDL, no parameters
+                conn.execute(
+                    "INSERT INTO schema_migrations (version, description) VALUES (%s, %s)",
+                    (version, description),
+                )
+            applied.append(version)
+    return applied
+
+
+def schema_version(conn: psycopg.Connection) -> int:
+    row = conn.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()
+    return int(row[0]) if row else 0
+
+
+class Database:
+    """One connection of one instance, re-opened after failures; :meth:`run` retries a whole
+    transaction function with exponential backoff and jitter when the connection drops (e.g. a
+    ``pg_terminate_backend``). Transaction functions must be safe to retry: every protocol
+    transaction re-derives what to do from the DB state, so a commit whose outcome was lost is
+    harmless."""
+
+    def __init__(self, dsn: str, *, app: str = "cues-participant", attempts: int = 12,
+                 max_delay: float = 30.0) -> None:
+        self.dsn, self.app = dsn, app
+        self.attempts, self.max_delay = attempts, max_delay
+        self._conn: psycopg.Connection | None = None
+
+    def connection(self) -> psycopg.Connection:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._conn = psycopg.connect(
+                with_app_name(self.dsn, self.app), connect_timeout=10, autocommit=True
+            )
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def run(self, fn: Callable[[psycopg.Connection], T], *, what: str = "transaction") -> T:
+        """Run ``fn(conn)`` inside one transaction, retrying on connection failures."""
+        try:
+            for attempt in Retrying(
+                retry=retry_if_exception_type(psycopg.OperationalError),
+                stop=stop_after_attempt(self.attempts) | stop_after_delay(self.max_delay),
+                wait=wait_exponential_jitter(multiplier=0.02, max=1.0),
+                reraise=True,
+            ):
+                with attempt:
+                    try:
+                        conn = self.connection()
+                        with conn.transaction():
+                            return fn(conn)
+                    except psycopg.OperationalError:
+                        self.close()
+                        raise
+        except psycopg.OperationalError as exc:
+            raise DatabaseUnavailableError(
+                f"{what}: PostgreSQL kept failing ({exc}); the outcome is unknown, retry is safe",
+                what=what,
+            ) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def migrate(self) -> list[int]:
+        def _m(conn: psycopg.Connection) -> list[int]:
+            return migrate(conn)
+
+        try:
+            conn = self.connection()
+            return migrate(conn)
+        except psycopg.OperationalError:
+            self.close()
+            return self.run(_m, what="migrate")

@@ -1,0 +1,101 @@
+"""The message model of seed 002: statuses, queue schemas, settings.
+
+Seed 002 gives the ack statuses as "nacked posting, nacked result / acked posting, nacked
+posting" (garbled). We model the ack status as the furthest acknowledgement the SENDER has seen:
+
+| ack status       | seed wording              | meaning                                            |
+|------------------|---------------------------|----------------------------------------------------|
+| `nacked_posting` | nacked posting            | recorded in the DB, POSTINGS has not acked it yet  |
+| `acked_posting`  | acked posting, nacked result | POSTINGS acked; no result received yet          |
+| `acked_result`   | acked result              | the result arrived from RESULTS and is recorded    |
+
+The processing status is `PENDING` until the result arrives, then `OK` or `REJECTED`.
+The status of a message is the pair (ack status, processing status).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from enum import StrEnum
+
+import pyarrow as pa
+
+POSTINGS = "postings"
+RESULTS = "results"
+UTC_TS = pa.timestamp("us", tz="UTC")
+
+
+class AckStatus(StrEnum):
+    NACKED_POSTING = "nacked_posting"
+    ACKED_POSTING = "acked_posting"
+    ACKED_RESULT = "acked_result"
+
+
+class ProcessingStatus(StrEnum):
+    PENDING = "PENDING"
+    OK = "OK"
+    REJECTED = "REJECTED"
+
+
+class Role(StrEnum):
+    PRODUCER = "producer"
+    CONSUMER = "consumer"
+
+
+# REJECTED reasons written by the consumer
+PAYLOAD_TOO_LARGE = "payload_too_large"
+PAYLOAD_NOT_JSON = "payload_not_json"
+EMPTY_MESSAGE_ID = "empty_message_id"
+WRONG_RECEIVER = "wrong_receiver"
+
+POSTINGS_SCHEMA = pa.schema([
+    pa.field("sender", pa.string(), nullable=False),
+    pa.field("receiver", pa.string(), nullable=False),
+    pa.field("message_id", pa.string(), nullable=False),
+    pa.field("replays", pa.int32(), nullable=False),
+    pa.field("inception_datum", UTC_TS, nullable=False),
+    pa.field("last_datum", UTC_TS, nullable=False),
+    pa.field("payload", pa.string(), nullable=True),
+])
+
+# Nullable message_id/status: a malformed result must reach the sender and be reported there,
+# not be refused at the queue boundary where nobody would see it.
+RESULTS_SCHEMA = pa.schema([
+    pa.field("sender", pa.string(), nullable=False),
+    pa.field("receiver", pa.string(), nullable=False),
+    pa.field("message_id", pa.string(), nullable=True),
+    pa.field("replays", pa.int32(), nullable=True),
+    pa.field("status", pa.string(), nullable=True),
+    pa.field("reason", pa.string(), nullable=True),
+    pa.field("processed_at", UTC_TS, nullable=True),
+])
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Tunables of one participant (the CLI exposes them as options)."""
+
+    max_payload_bytes: int = 64 * 1024
+    publish_attempts: int = 8  # attempts before bailing (the posting stays nacked)
+    publish_timeout: float = 5.0  # seconds before bailing (keep below lease_seconds)
+    backoff_initial: float = 0.05
+    backoff_max: float = 2.0
+    lease_seconds: float = 10.0
+    batch_size: int = 1000  # postings per publication (one POSTINGS commit)
+    results_batch: int = 5_000
+    replay_after: float = 30.0  # acked postings without a result for this long are replayed
+    idle_poll: float = 0.02  # first wait when idle; doubles up to max_idle_poll
+    max_idle_poll: float = 0.25
+    consumer_batch: int = 5_000
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> Settings:
+        """Defaults, then ``CUES_PARTICIPANT_<FIELD>`` environment variables, then overrides."""
+        values: dict[str, object] = {}
+        for name, field in cls.__dataclass_fields__.items():
+            raw = os.environ.get(f"CUES_PARTICIPANT_{name.upper()}")
+            if raw:
+                values[name] = type(getattr(cls, name))(raw) if field else raw
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)  # type: ignore[arg-type]
