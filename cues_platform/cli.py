@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cues_platform.errors import CuesError
+from cues_platform.participants.cli import participant
 from cues_platform.queues import Lake
 
 console = Console()
@@ -303,6 +304,8 @@ def run_command(graph_ref: str, lake_root: str, idle_exit: float | None, no_prog
             f"in, {s.rows_out:,} row(s) out, {s.errors} error(s), {s.recovered} recovered"
         )
 
+
+main.add_command(participant)  # cues participant ... (the postings protocol, seed 002)
 
 if __name__ == "__main__":
     main()

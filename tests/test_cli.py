@@ -175,3 +175,13 @@ def test_graph_show_prints_mermaid(tmp_path: Path) -> None:
     missing = invoke("graph", "show", f"{path}:nope")
     assert missing.exit_code == 2 and missing.stderr.count("\n") == 1
     assert "has no attribute 'nope'" in missing.stderr
+
+
+def test_participant_commands_are_part_of_cues() -> None:
+    from click.testing import CliRunner
+
+    from cues_platform.cli import main
+
+    result = CliRunner().invoke(main, ["participant", "run", "--help"])
+    assert result.exit_code == 0, result.output
+    assert "--role" in result.output and "--instances" in result.output
