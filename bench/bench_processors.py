@@ -39,7 +39,14 @@ from cues_platform.processing import (  # noqa: E402
     QueueDef,
     Strategy,
 )
-from cues_platform.processing.backing import BackingQueue, Range, Record, RecordType, Snapshot  # noqa: E402
+from cues_platform.processing.backing import (  # noqa: E402
+    BACKING_ROW_GROUP_ROWS,
+    BackingQueue,
+    Range,
+    Record,
+    RecordType,
+    Snapshot,
+)
 from cues_platform.processing.runner import create_queues  # noqa: E402
 from cues_platform.processing.step import ExactlyOnceStepper  # noqa: E402
 from cues_platform.queues import Lake  # noqa: E402
@@ -211,7 +218,7 @@ def recovery_time(spark, histories: list[int], runs: int) -> dict:
             aged.refresh().alter.set_table_properties(
                 {"delta.logRetentionDuration": "interval 0 hours",
                  "delta.deletedFileRetentionDuration": "interval 0 hours"})
-            maintenance.maintain(aged, retention_hours=0)
+            maintenance.maintain(aged, retention_hours=0, row_group_rows=BACKING_ROW_GROUP_ROWS)
             maintained = time_recovery(spark, root, g, n, runs)
             out[str(n)] = {"records": n, "recover_s_median": raw, "recover_maintained_s_median": maintained,
                            "runs": runs, "build_s": build_s}

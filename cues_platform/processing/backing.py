@@ -34,6 +34,7 @@ from cues_platform.queues.appender import append_batches
 
 EPOCH_APP_ID = "epoch"
 BACKING_RETENTION = "interval 1 hours"
+BACKING_ROW_GROUP_ROWS = 1_024  # recovery decodes one group to read the last record
 BACKING_PROPERTIES = {"delta.logRetentionDuration": BACKING_RETENTION,
                       "delta.deletedFileRetentionDuration": BACKING_RETENTION}
 SCHEMA = pa.schema([
@@ -183,7 +184,7 @@ class BackingQueue:
         than ``BACKING_RETENTION``, vacuum files unreferenced for 24 h. Changes no record."""
         from cues_platform.queues import maintenance
 
-        maintenance.maintain(self.queue)
+        maintenance.maintain(self.queue, row_group_rows=BACKING_ROW_GROUP_ROWS)
 
     def last_record(self) -> Record | None:
         """The newest record, read in O(1) whatever the history's length."""

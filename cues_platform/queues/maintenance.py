@@ -41,9 +41,12 @@ def compact(
     *,
     partition: str | None = None,
     target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES,
+    row_group_rows: int = COMPACT_ROW_GROUP_ROWS,
 ) -> MaintenanceReport:
     """Merge small files, one partition at a time (so files keep one partition and dense offset
-    ranges, and offset-statistics pruning stays exact)."""
+    ranges, and offset-statistics pruning stays exact), in row groups of ``row_group_rows``."""
+    if row_group_rows < 1:
+        raise ConfigurationError("row_group_rows must be >= 1")
     removed = added = 0
     parts = [queue.check_partition(partition)] if partition else list(queue.partitions)
     for part in parts:
@@ -51,7 +54,7 @@ def compact(
         metrics = dt.optimize.compact(
             partition_filters=[(PARTITION, "=", part)],
             target_size=target_file_bytes,
-            writer_properties=WriterProperties(max_row_group_size=COMPACT_ROW_GROUP_ROWS),
+            writer_properties=WriterProperties(max_row_group_size=row_group_rows),
         )
         removed += int(metrics.get("numFilesRemoved", 0))
         added += int(metrics.get("numFilesAdded", 0))
@@ -103,7 +106,14 @@ def set_app_transaction_retention(queue: Queue, *, days: int) -> None:
 
 
 def maintain(
-    queue: Queue, *, retention_hours: float = DEFAULT_VACUUM_RETENTION_HOURS
+    queue: Queue,
+    *,
+    retention_hours: float = DEFAULT_VACUUM_RETENTION_HOURS,
+    row_group_rows: int = COMPACT_ROW_GROUP_ROWS,
 ) -> list[MaintenanceReport]:
     """Compact, checkpoint and vacuum, in that order."""
-    return [compact(queue), checkpoint(queue), vacuum(queue, retention_hours=retention_hours)]
+    return [
+        compact(queue, row_group_rows=row_group_rows),
+        checkpoint(queue),
+        vacuum(queue, retention_hours=retention_hours),
+    ]
