@@ -1,0 +1,122 @@
+"""The participants' Dagster assets: producer → consumer → producer passes through
+``dagster.materialize`` on a real PostgreSQL (``pg_dsn``), a Delta lake in a temporary folder and
+the session Spark; counts in the metadata, one result per posting, the consistency check and the
+input-queue sensors."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+from dagster import AssetKey, RunRequest, SkipReason, build_sensor_context, materialize
+
+from assets.participants import ParticipantConfig, asset_key, participant_defs
+from cues_platform.dagster import LakeResource
+from cues_platform.participants.checks import check_producer
+from cues_platform.participants.db import Database, ensure_database
+from cues_platform.participants.model import RESULTS, RESULTS_SCHEMA, Role
+from cues_platform.participants.network import register
+from cues_platform.participants.producer import Posting, post_many
+from cues_platform.queues import Lake
+
+_n = itertools.count()
+
+
+def fresh_db(server_dsn: str, participant: str) -> str:
+    """A new, empty database for ``participant`` on the session's PostgreSQL."""
+    dsn = ensure_database(server_dsn, f"dg{os.getpid()}_{next(_n)}_{participant.replace('-', '_')}")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
+    return dsn
+
+
+def meta(result: Any, key: AssetKey) -> dict[str, Any]:
+    [mat] = [m for m in result.asset_materializations_for_node(key.path[-1])]
+    return {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
+
+
+def check_passed(result: Any) -> bool:
+    [evaluation] = result.get_asset_check_evaluations()
+    return evaluation.passed
+
+
+def test_producer_consumer_producer_passes(pg_dsn: str, spark: Any, tmp_path: Path) -> None:
+    root = str(tmp_path / "lake")
+    lake = Lake(root=root)
+    register(lake, producers=["bank-a"], consumers=["bank-x"])
+    dsn_a, dsn_x = fresh_db(pg_dsn, "bank-a"), fresh_db(pg_dsn, "bank-x")
+    defs = participant_defs([ParticipantConfig("bank-a", Role.PRODUCER, dsn_a),
+                             ParticipantConfig("bank-x", Role.CONSUMER, dsn_x)])
+    by_key = {a.key: a for a in defs.assets}  # type: ignore[union-attr]
+    checks = {c.check_specs[0].asset_key: c for c in defs.asset_checks}  # type: ignore[union-attr]
+    ka, kx = asset_key("bank-a"), asset_key("bank-x")
+    resources = {"participants_lake": LakeResource(root=root), "spark": spark}
+
+    db = Database(dsn_a)
+    db.migrate()
+    ids = [f"m-{i:03d}" for i in range(19)]
+    post_many(db, lake, sender="bank-a", postings=[
+        *(Posting("bank-x", m, json.dumps({"amount": i})) for i, m in enumerate(ids)),
+        Posting("bank-x", "m-bad", "not json")])  # REJECTED payload_not_json
+    db.close()
+
+    consumer_sensor = next(s for s in defs.sensors if "bank_x" in s.name)  # type: ignore[union-attr]
+    with build_sensor_context(resources={"participants_lake": LakeResource(root=root)}) as ctx:
+        assert isinstance(consumer_sensor(ctx), SkipReason)  # nothing published yet
+
+    # 1. producer: publishes the 20 postings (no result yet)
+    first = materialize([by_key[ka]], resources=resources)
+    m1 = meta(first, ka)
+    assert (m1["messages"], m1["acked_posting"], m1["PENDING"], m1["pending"]) == (20, 20, 20, 20)
+    assert m1["pass/published"] == 20 and m1["pass/lease"].startswith("slot:0@")
+    assert m1["consistency_issues"] == 0
+
+    # the consumer's sensor sees the new POSTINGS version; the same state asks nothing again
+    with build_sensor_context(resources={"participants_lake": LakeResource(root=root)}) as ctx:
+        tick = consumer_sensor(ctx)
+        [request] = tick.run_requests
+        assert isinstance(request, RunRequest) and request.run_key.startswith(
+            "participant__bank-x@postings.v")
+        assert request.asset_selection == [kx]
+        again = build_sensor_context(resources={"participants_lake": LakeResource(root=root)},
+                                     cursor=tick.cursor)
+        assert isinstance(consumer_sensor(again), SkipReason)
+
+    # 2. consumer: processes its subject until drained, on the session Spark
+    second = materialize([by_key[kx]], resources=resources)
+    m2 = meta(second, kx)
+    assert (m2["received"], m2["OK"], m2["REJECTED"], m2["pending"]) == (20, 19, 1, 0)
+    assert m2["pass/rows"] == 20 and m2["consistency_issues"] == 0
+
+    # 3. producer again: applies the 20 results; the consistency check passes
+    third = materialize([by_key[ka], checks[ka]], resources=resources)
+    m3 = meta(third, ka)
+    assert (m3["acked_result"], m3["OK"], m3["REJECTED"], m3["PENDING"]) == (20, 19, 1, 0)
+    assert m3["pass/results"] == 20 and m3["replays"] == 0 and m3["consistency_issues"] == 0
+    assert check_passed(third)
+    results = lake.queue(RESULTS).read_arrow(partition="bank-a")
+    assert sorted(results["message_id"].to_pylist()) == sorted([*ids, "m-bad"])  # one each
+    with psycopg.connect(dsn_a) as conn:
+        report = check_producer(conn, "bank-a", complete=True)
+        reasons = conn.execute("SELECT result_reason FROM messages WHERE message_id = 'm-bad'"
+                               ).fetchone()
+    assert report.passed, report.problems
+    assert reasons == ("payload_not_json",)
+
+    # 4. a result for a message bank-a never sent: a consistency issue, the check fails
+    lake.queue(RESULTS).append(pa.table({
+        "sender": ["bank-a"], "receiver": ["bank-x"], "message_id": ["ghost"], "replays": [0],
+        "status": ["OK"], "reason": [None], "processed_at": [None]}, schema=RESULTS_SCHEMA),
+        partition="bank-a")
+    fourth = materialize([by_key[ka], checks[ka]], resources=resources)
+    m4 = meta(fourth, ka)
+    assert m4["consistency_issues"] == 1 and m4["pass/issues"] == 1
+    assert not check_passed(fourth)
+    with psycopg.connect(dsn_a) as conn:
+        assert conn.execute("SELECT kind, message_id FROM consistency_issues").fetchall() == [
+            ("unknown_message", "ghost")]
