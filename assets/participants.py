@@ -156,7 +156,7 @@ def build_participant_asset(p: ParticipantConfig, deps: Sequence[AssetKey] = ())
             register(lake, producers=[] if consumer else [p.id], consumers=[p.id] if consumer else [])
         spark = spark_session_of(getattr(context.resources, SPARK_KEY)) if consumer else None
         inst = make_instance(p.id, p.role, lake=lake, dsn=_dsn(p.id, p.dsn), slots=p.slots,
-                             instance_id=pass_instance_id(f"dagster-{context.run_id[:8]}"),
+                             instance_id=pass_instance_id(f"dagster-{context.run.run_id[:8]}"),
                              spark=spark)
         report = run_once(inst, max_seconds=config.max_seconds)
         context.log.info(f"participant {p.id} ({p.role.value}) pass: {report.ticks} tick(s) under "

@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 import pyarrow as pa
-from dagster import AssetKey, RunRequest, SkipReason, build_sensor_context, materialize
+from dagster import AssetKey, RunRequest, build_sensor_context, materialize
 
 from assets.participants import ParticipantConfig, asset_key, participant_defs
 from cues_platform.dagster import LakeResource
@@ -53,7 +53,7 @@ def test_producer_consumer_producer_passes(pg_dsn: str, spark: Any, tmp_path: Pa
     defs = participant_defs([ParticipantConfig("bank-a", Role.PRODUCER, dsn_a),
                              ParticipantConfig("bank-x", Role.CONSUMER, dsn_x)])
     by_key = {a.key: a for a in defs.assets}  # type: ignore[union-attr]
-    checks = {c.check_specs[0].asset_key: c for c in defs.asset_checks}  # type: ignore[union-attr]
+    checks = {next(iter(c.check_specs)).asset_key: c for c in defs.asset_checks}  # type: ignore[union-attr]
     ka, kx = asset_key("bank-a"), asset_key("bank-x")
     resources = {"participants_lake": LakeResource(root=root), "spark": spark}
 
@@ -66,8 +66,13 @@ def test_producer_consumer_producer_passes(pg_dsn: str, spark: Any, tmp_path: Pa
     db.close()
 
     consumer_sensor = next(s for s in defs.sensors if "bank_x" in s.name)  # type: ignore[union-attr]
-    with build_sensor_context(resources={"participants_lake": LakeResource(root=root)}) as ctx:
-        assert isinstance(consumer_sensor(ctx), SkipReason)  # nothing published yet
+
+    def tick(cursor: str | None = None) -> Any:
+        context = build_sensor_context(cursor=cursor,
+                                       resources={"participants_lake": LakeResource(root=root)})
+        return consumer_sensor.evaluate_tick(context)
+
+    assert not tick().run_requests  # nothing published yet
 
     # 1. producer: publishes the 20 postings (no result yet)
     first = materialize([by_key[ka]], resources=resources)
@@ -77,15 +82,12 @@ def test_producer_consumer_producer_passes(pg_dsn: str, spark: Any, tmp_path: Pa
     assert m1["consistency_issues"] == 0
 
     # the consumer's sensor sees the new POSTINGS version; the same state asks nothing again
-    with build_sensor_context(resources={"participants_lake": LakeResource(root=root)}) as ctx:
-        tick = consumer_sensor(ctx)
-        [request] = tick.run_requests
-        assert isinstance(request, RunRequest) and request.run_key.startswith(
-            "participant__bank-x@postings.v")
-        assert request.asset_selection == [kx]
-        again = build_sensor_context(resources={"participants_lake": LakeResource(root=root)},
-                                     cursor=tick.cursor)
-        assert isinstance(consumer_sensor(again), SkipReason)
+    data = tick()
+    [request] = data.run_requests
+    assert isinstance(request, RunRequest) and request.run_key.startswith(
+        "participant__bank-x@postings.v")
+    assert request.asset_selection == [kx]
+    assert not tick(data.cursor).run_requests and data.cursor
 
     # 2. consumer: processes its subject until drained, on the session Spark
     second = materialize([by_key[kx]], resources=resources)
