@@ -122,3 +122,50 @@ def test_producer_consumer_producer_passes(pg_dsn: str, spark: Any, tmp_path: Pa
     with psycopg.connect(dsn_a) as conn:
         assert conn.execute("SELECT kind, message_id FROM consistency_issues").fetchall() == [
             ("unknown_message", "ghost")]
+
+
+def test_pass_is_safe_next_to_running_instances(pg_dsn: str, tmp_path: Path) -> None:
+    """While running instances hold every lease, a pass publishes and consumes nothing (and needs
+    no Spark); it never keeps a lease: the next holder claims it at once."""
+    from cues_platform.participants import leases
+    from cues_platform.participants.consumer import CONSUMER_LEASE
+    from cues_platform.participants.model import POSTINGS
+    from cues_platform.participants.once import make_instance, run_once
+
+    lake = Lake(root=str(tmp_path / "lake"))
+    register(lake, producers=["bank-a"], consumers=["bank-x"])
+    dsn_a, dsn_x = fresh_db(pg_dsn, "bank-a"), fresh_db(pg_dsn, "bank-x")
+    db = Database(dsn_a)
+    db.migrate()
+    db.run(lambda c: leases.ensure_leases(c, ["slot:0"]))
+    post_many(db, lake, sender="bank-a", postings=[Posting("bank-x", "m1", "{}")])
+    dbx = Database(dsn_x)
+    dbx.migrate()
+    dbx.run(lambda c: leases.ensure_leases(c, [CONSUMER_LEASE]))
+    dbx.close()
+    held = [leases.LeaseKeeper(dsn, app="t", names=[name], owner="running-instance",
+                               ttl=30).start()
+            for dsn, name in ((dsn_a, "slot:0"), (dsn_x, CONSUMER_LEASE))]
+    assert all(k.lease is not None for k in held)
+
+    producer = run_once(make_instance("bank-a", Role.PRODUCER, lake=lake, dsn=dsn_a,
+                                      instance_id="pass-1"))
+    assert (producer.lease, producer.stopped, producer.stats["published"]) == (
+        None, "lease_held_elsewhere", 0)
+    assert producer.counts["nacked_posting"] == 1
+    consumer = run_once(make_instance("bank-x", Role.CONSUMER, lake=lake, dsn=dsn_x,
+                                      instance_id="pass-2"))
+    assert (consumer.lease, consumer.stopped, consumer.stats["steps"]) == (
+        None, "lease_held_elsewhere", 0)
+
+    held[0].stop()  # the instance stops: releases its slot
+    producer = run_once(make_instance("bank-a", Role.PRODUCER, lake=lake, dsn=dsn_a,
+                                      instance_id="pass-3"))
+    assert producer.stats["published"] == 1 and producer.lease == "slot:0@2"
+    assert lake.queue(POSTINGS).next_offset("bank-x") == 1
+    with psycopg.connect(dsn_a) as conn:  # the pass released the slot it took
+        owner, until = conn.execute("SELECT owner, lease_until = '-infinity' FROM leases "
+                                    "WHERE name = 'slot:0'").fetchone()
+    assert owner == "pass-3" and until
+    held[1].stop()
+    db.close()
