@@ -5,12 +5,16 @@
 
 1. Start like an instance: apply the missing migrations, require the registration, make sure the
    lease rows (and a producer's RESULTS subscription row) exist.
-2. Claim a lease like an instance does (``LeaseKeeper``: a free or expired slot for a producer,
-   the ``consumer`` lease for a consumer), renewed by its heartbeat while the pass runs. Every
-   protocol write of the pass checks owner/epoch in its transaction, so the pass is safe next to
-   running ``cues participant run`` instances: when they hold every lease, the pass publishes or
-   consumes nothing (a producer pass still applies the results, under the subscription row lock
-   ``FOR UPDATE SKIP LOCKED`` -- one reader at a time, each result applied exactly once).
+2. (Producer) apply the results already on RESULTS first: an instance replays when it takes a
+   slot, normally once at start-up, but a pass takes the slot every time, and its start-up replay
+   (step 3) must only replay postings whose result is really missing, not ones whose result is
+   waiting to be applied. Then claim a lease like an instance does (``LeaseKeeper``: a free or
+   expired slot for a producer, the ``consumer`` lease for a consumer), renewed by its heartbeat
+   while the pass runs. Every protocol write of the pass checks owner/epoch in its transaction,
+   so the pass is safe next to running ``cues participant run`` instances: when they hold every
+   lease, the pass publishes or consumes nothing (a producer pass still applies the results, under
+   the subscription row lock ``FOR UPDATE SKIP LOCKED``: one reader at a time, each result applied
+   exactly once).
 3. Tick until a tick makes no progress (producer: start-up replay on taking the slot, then one
    publication per tick -- oldest unacked first, so re-publishing a crashed pass's publication
    reuses its (producer id, sequence) -- and the RESULTS available; consumer: one exactly-once
@@ -88,6 +92,11 @@ def run_once(inst: Any, *, max_seconds: float = 300.0, max_failures: int = 3) ->
     failures = 0
     try:
         inst.start()  # step 1
+        if role is Role.PRODUCER:
+            # results already on RESULTS first: the start-up replay (on taking the slot) must not
+            # replay a posting whose result is only waiting to be applied
+            while inst.apply_results_once() > 0 and time.monotonic() - started < max_seconds:
+                pass
         while True:  # steps 2-3 (the first tick claims the lease)
             before = inst.stats.get("failures", 0)
             progressed = inst.tick()
