@@ -70,12 +70,12 @@ def test_producer_consumer_producer_passes(pg_dsn: str, spark: Any, tmp_path: Pa
         Posting("bank-x", "m-bad", "not json")])  # REJECTED payload_not_json
     db.close()
 
-    consumer_sensor = next(s for s in defs.sensors if "bank_x" in s.name)  # type: ignore[union-attr]
+    sensors = {s.name: s for s in defs.sensors}  # type: ignore[union-attr]
 
-    def tick(cursor: str | None = None) -> Any:
+    def tick(cursor: str | None = None, name: str = "participant__bank_x__new_data") -> Any:
         context = build_sensor_context(cursor=cursor,
                                        resources={"participants_lake": LakeResource(root=root)})
-        return consumer_sensor.evaluate_tick(context)
+        return sensors[name].evaluate_tick(context)
 
     assert not tick().run_requests  # nothing published yet
 
@@ -99,6 +99,10 @@ def test_producer_consumer_producer_passes(pg_dsn: str, spark: Any, tmp_path: Pa
     m2 = meta(second, kx)
     assert (m2["received"], m2["OK"], m2["REJECTED"], m2["pending"]) == (20, 19, 1, 0)
     assert m2["pass/rows"] == 20 and m2["consistency_issues"] == 0
+    # the producer's sensor sees its RESULTS subject grow
+    [request] = tick(name="participant__bank_a__new_data").run_requests
+    assert request.run_key.startswith("participant__bank-a@results.v")
+    assert request.asset_selection == [ka]
 
     # 3. producer again: applies the 20 results; the consistency check passes
     third = materialize([by_key[ka], checks[ka]], resources=resources)
