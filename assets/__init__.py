@@ -2,8 +2,10 @@
 
 from dagster import Definitions
 
+from assets.participants import participant_defs
 from assets.payments import defs as payments_defs
 from assets.settlement import defs as settlement_defs
 from assets.traffic import defs as traffic_defs
 
-defs = Definitions.merge(payments_defs, settlement_defs, traffic_defs)
+# the postings protocol participants of $CUES_PARTICIPANTS (default bank-a producer, bank-x consumer)
+defs = Definitions.merge(payments_defs, settlement_defs, traffic_defs, participant_defs())

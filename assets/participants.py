@@ -1,26 +1,98 @@
-"""Postings protocol participants in Dagster: one observable asset per producer participant's
-message store and an asset check that FAILS while its database holds a consistency issue (a result
-for an unknown message, a duplicate or malformed result).
+"""Postings protocol participants in Dagster (group ``participants``).
 
-Not wired into ``assets/__init__.py`` by default (the reference deployment decides which
-participants it runs); add ``participant_defs({"bank-a": None, ...})`` to the merge there. A
-participant's DSN comes from the mapping, else ``CUES_PARTICIPANT_DSN_<ID>`` (upper case, '-' →
-'_'), else the embedded server under ``CUES_PARTICIPANTS_DATA`` (default ``.cues/participants``).
+Per participant: one asset whose materialization runs ONE bounded pass of its work in process
+(``cues_platform.participants.once.run_once``: the same instance code, leases and delivery
+contract as ``cues participant run``; a producer publishes what is pending and applies the
+results; a consumer processes its POSTINGS subject until drained through its exactly-once
+processor, on the run's Spark session) and reports its counts by status; the asset check
+``no_consistency_issues``, which FAILS while its database holds a consistency issue (a result for
+an unknown message, a duplicate or malformed result); and a sensor on its input queue (sensors in
+``participants_sensors.py``). A job ``participants__all`` and a schedule run every pass, which is
+also what publishes postings recorded while no result arrives.
+
+Which participants: ``participant_defs(...)`` with a mapping ``{id: dsn or None}`` (producers) or
+:class:`ParticipantConfig` s; by default ``$CUES_PARTICIPANTS`` (``bank-a:producer,bank-x:consumer``,
+optionally ``id:role:slots``), else ``bank-a`` (producer) and ``bank-x`` (consumer) as in
+docs/postings-protocol.md. A participant's DSN comes from the config, else
+``CUES_PARTICIPANT_DSN_<ID>`` (upper case, '-' → '_'), else its database on the embedded server
+under ``CUES_PARTICIPANTS_DATA`` (default ``.cues/participants``, the CLI's ``--data-dir``).
+The queues live in the resource ``participants_lake`` (``$CUES_PARTICIPANTS_LAKE``, default
+``lake-participants``): the payments graph has its own ``postings``/``results`` queues with other
+schemas. Loading these definitions touches neither a database nor the lake.
 """
 
-from __future__ import annotations
-
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from dagster import (
     AssetCheckResult,
     AssetCheckSeverity,
-    AssetSpec,
+    AssetExecutionContext,
+    AssetKey,
+    AssetSelection,
+    Config,
     Definitions,
+    MaterializeResult,
     MetadataValue,
+    ScheduleDefinition,
+    asset,
     asset_check,
+    define_asset_job,
 )
+from pydantic import Field
+
+from cues_platform.participants.errors import ParticipantConfigError
+from cues_platform.participants.model import Role
+
+PARTICIPANTS_ENV = "CUES_PARTICIPANTS"
+DEFAULT_PARTICIPANTS = "bank-a:producer,bank-x:consumer"
+PARTICIPANTS_LAKE_KEY = "participants_lake"
+SPARK_KEY = "spark"
+GROUP = "participants"
+JOB_NAME = "participants__all"
+SCHEDULE_NAME = "participants__schedule"
+
+
+@dataclass(frozen=True)
+class ParticipantConfig:
+    id: str
+    role: Role
+    dsn: str | None = None  # never logged; None: $CUES_PARTICIPANT_DSN_<ID> or the embedded server
+    slots: int = 1  # a producer pass claims one free slot among these (as an instance would)
+
+
+def parse_participants(text: str) -> list[ParticipantConfig]:
+    """``bank-a:producer,bank-x:consumer[:slots]`` → configs (validated, no I/O)."""
+    from cues_platform.participants.network import validate_participant
+
+    out: list[ParticipantConfig] = []
+    for item in (i.strip() for i in text.split(",")):
+        if not item:
+            continue
+        parts = item.split(":")
+        try:
+            if len(parts) not in (2, 3):
+                raise ValueError("expected id:role or id:role:slots")
+            slots = int(parts[2]) if len(parts) == 3 else 1
+            if slots < 1:
+                raise ValueError("slots must be >= 1")
+            role = Role(parts[1].strip())
+        except ValueError as exc:
+            raise ParticipantConfigError(f"{PARTICIPANTS_ENV}: bad entry {item!r} ({exc})",
+                                         entry=item) from exc
+        out.append(ParticipantConfig(validate_participant(parts[0].strip()), role, slots=slots))
+    if len({p.id for p in out}) != len(out):
+        raise ParticipantConfigError(f"{PARTICIPANTS_ENV}: a participant is listed twice: {text!r}")
+    return out
+
+
+def configured_participants() -> list[ParticipantConfig]:
+    return parse_participants(os.environ.get(PARTICIPANTS_ENV, "").strip() or DEFAULT_PARTICIPANTS)
+
+
+def asset_key(participant: str) -> AssetKey:
+    return AssetKey(f"participant_{participant.replace('-', '_')}_messages")
 
 
 def _dsn(participant: str, dsn: str | None) -> str:
@@ -54,20 +126,103 @@ def consistency_result(participant: str, dsn: str) -> AssetCheckResult:
     )
 
 
-def participant_defs(participants: Mapping[str, str | None]) -> Definitions:
-    specs, checks = [], []
-    for pid, dsn in participants.items():
-        key = f"participant_{pid.replace('-', '_')}_messages"
-        specs.append(AssetSpec(key, group_name="participants", kinds={"postgres"},
-                               description=f"messages and audit trail of participant {pid}"))
+class ParticipantPassConfig(Config):
+    max_seconds: float = Field(default=300.0, description="stop the pass after this long")
+    register_subject: bool = Field(default=True, description="declare the participant's queue subject "
+                                                     "first (idempotent; it is in the deployment)")
 
-        def make(pid: str = pid, dsn: str | None = dsn, key: str = key):  # noqa: ANN202
-            @asset_check(asset=key, name="no_consistency_issues", blocking=False,
-                         description=f"fails while participant {pid} has a consistency issue")
-            def _check() -> AssetCheckResult:
-                return consistency_result(pid, _dsn(pid, dsn))
 
-            return _check
+def build_participant_asset(p: ParticipantConfig, deps: Sequence[AssetKey] = ()):  # noqa: ANN201
+    """The asset of one participant (an ``AssetsDefinition``); ``deps``: lineage only."""
+    consumer = p.role is Role.CONSUMER
+    what = ("processes its POSTINGS subject until drained (exactly-once processor, on Spark)"
+            if consumer else "publishes its pending postings and applies its RESULTS")
 
-        checks.append(make())
-    return Definitions(assets=specs, asset_checks=checks)
+    @asset(key=asset_key(p.id), group_name=GROUP, deps=list(deps),
+           kinds={"postgres", "delta", *({"spark"} if consumer else set())},
+           required_resource_keys={PARTICIPANTS_LAKE_KEY, *({SPARK_KEY} if consumer else set())},
+           pool=f"cues__participant__{p.id}",
+           tags={"cues/participant": p.id, "cues/role": p.role.value},
+           metadata={"cues/participant": p.id, "cues/role": p.role.value},
+           description=f"Participant {p.id} ({p.role.value}): one bounded pass {what}; "
+                       "metadata: its counts by status.")
+    def _pass(context: AssetExecutionContext, config: ParticipantPassConfig) -> MaterializeResult:
+        from cues_platform.dagster.resources import spark_session_of
+        from cues_platform.participants.network import register
+        from cues_platform.participants.once import make_instance, pass_instance_id, run_once
+
+        lake = getattr(context.resources, PARTICIPANTS_LAKE_KEY).lake()
+        if config.register_subject:
+            register(lake, producers=[] if consumer else [p.id], consumers=[p.id] if consumer else [])
+        spark = spark_session_of(getattr(context.resources, SPARK_KEY)) if consumer else None
+        inst = make_instance(p.id, p.role, lake=lake, dsn=_dsn(p.id, p.dsn), slots=p.slots,
+                             instance_id=pass_instance_id(f"dagster-{context.run.run_id[:8]}"),
+                             spark=spark)
+        report = run_once(inst, max_seconds=config.max_seconds)
+        context.log.info(f"participant {p.id} ({p.role.value}) pass: {report.ticks} tick(s) under "
+                         f"{report.lease or 'no lease'}, stopped: {report.stopped}; "
+                         f"{report.stats}; counts {report.counts}")
+        meta: dict[str, object] = dict(report.counts)
+        meta.update({f"pass/{k}": v for k, v in report.stats.items()})
+        meta.update({"pass/lease": report.lease or "-", "pass/stopped": report.stopped,
+                     "pass/ticks": report.ticks, "pass/seconds": round(report.elapsed, 3),
+                     "pass/instance": report.instance,
+                     "dagster/row_count": report.counts.get("received" if consumer else "messages", 0)})
+        if consumer:
+            meta["pending"] = report.lag if report.lag is not None else -1
+        else:
+            meta["pending"] = report.counts["PENDING"]
+            meta["acked"] = report.counts["acked_posting"] + report.counts["acked_result"]
+        return MaterializeResult(metadata=meta)
+
+    return _pass
+
+
+def build_consistency_check(p: ParticipantConfig):  # noqa: ANN201 - an AssetChecksDefinition
+    @asset_check(asset=asset_key(p.id), name="no_consistency_issues", blocking=False,
+                 description=f"fails while participant {p.id} has a consistency issue")
+    def _check() -> AssetCheckResult:
+        return consistency_result(p.id, _dsn(p.id, p.dsn))
+
+    return _check
+
+
+def _configs(participants: Mapping[str, str | None] | Sequence[ParticipantConfig] | None
+             ) -> list[ParticipantConfig]:
+    if participants is None:
+        return configured_participants()
+    if isinstance(participants, Mapping):  # {id: dsn}: producers (the original form)
+        return [ParticipantConfig(pid, Role.PRODUCER, dsn) for pid, dsn in participants.items()]
+    return list(participants)
+
+
+def participant_defs(participants: Mapping[str, str | None] | Sequence[ParticipantConfig] | None = None,
+                     *, sensor_interval_seconds: int = 30,
+                     schedule_cron: str | None = "*/5 * * * *") -> Definitions:
+    """Assets, checks, sensors, the job ``participants__all`` and its schedule (no resources:
+    the deployment provides ``participants_lake`` and ``spark``)."""
+    from assets.participants_sensors import build_participant_sensor
+
+    configs = _configs(participants)
+    producers = [asset_key(p.id) for p in configs if p.role is Role.PRODUCER]
+    # lineage: postings flow from the producers to the consumers (results flow back: no edge)
+    assets_ = [build_participant_asset(p, producers if p.role is Role.CONSUMER else ())
+               for p in configs]
+    checks = [build_consistency_check(p) for p in configs]
+    sensors = [build_participant_sensor(p.id, p.role, asset_key(p.id),
+                                        lake_key=PARTICIPANTS_LAKE_KEY,
+                                        minimum_interval_seconds=sensor_interval_seconds)
+               for p in configs]
+    # one run: producers publish, then consumers process; the next run's producer passes apply
+    # the results
+    keys = [asset_key(p.id) for p in configs]
+    jobs, schedules = [], []
+    if keys:
+        job = define_asset_job(JOB_NAME, selection=AssetSelection.assets(*keys),
+                               description="one pass of every participant", tags={"cues/group": GROUP})
+        jobs.append(job)
+        if schedule_cron:
+            schedules.append(ScheduleDefinition(name=SCHEDULE_NAME, cron_schedule=schedule_cron,
+                                                job=job, description="one pass of every participant"))
+    return Definitions(assets=assets_, asset_checks=checks, sensors=sensors, jobs=jobs,
+                       schedules=schedules)

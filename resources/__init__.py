@@ -6,12 +6,12 @@ The same instances are handed to ``build_definitions`` in ``assets/``, so mergin
 
 from dagster import Definitions
 
-from resources.lake import lake
+from resources.lake import lake, participants_lake
 from resources.postgres import LedgerResource, ledger
 from resources.spark import spark
 
-RESOURCES = {"lake": lake, "spark": spark, "ledger": ledger}
+RESOURCES = {"lake": lake, "spark": spark, "ledger": ledger, "participants_lake": participants_lake}
 
 defs = Definitions(resources=RESOURCES)
 
-__all__ = ["RESOURCES", "LedgerResource", "defs", "lake", "ledger", "spark"]
+__all__ = ["RESOURCES", "LedgerResource", "defs", "lake", "ledger", "participants_lake", "spark"]

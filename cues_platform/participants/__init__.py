@@ -5,6 +5,7 @@ See docs/postings-protocol.md. Modules: ``model`` (statuses, schemas, settings),
 (connections, migrations), ``leases`` (instance leases), ``network`` (queues and registry),
 ``producer`` (record/publish/results), ``replay`` (start-up replay), ``consumer`` (exactly-once
 processing), ``checks`` (consistency and completeness), ``instance`` (process entry point),
+``once`` (one bounded pass, what the Dagster assets run),
 ``cli`` (the ``cues participant`` commands).
 """
 

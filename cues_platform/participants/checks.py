@@ -1,5 +1,5 @@
 """Consistency and completeness checks of a participant's database (used by the CLI, the tests and
-the Dagster asset check in ``dagster_checks.py``)."""
+the Dagster asset check in ``assets/participants.py``)."""
 
 from __future__ import annotations
 

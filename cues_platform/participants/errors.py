@@ -53,3 +53,11 @@ class DatabaseUnavailableError(ParticipantError):
 class ConsistencyIssueError(ParticipantError):
     """A consistency issue was found (e.g. a result for a message the sender does not know).
     Issues are also stored in the ``consistency_issues`` table and fail the asset check."""
+
+
+class PassFailedError(ParticipantError):
+    """One bounded pass (``once.run_once``) could not finish its work: consumer steps or the
+    processor's recovery kept failing. Nothing is lost or doubled; the next pass or a running
+    instance recovers and continues."""
+
+    retryable = True

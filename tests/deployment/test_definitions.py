@@ -1,6 +1,7 @@
 """The reference deployment's Dagster definitions load: the payments assets (one per processor
 output, the ``validate`` fork as a multi-asset), their checks, sensors, the job and its schedule,
-the daily settlement report and the simulated traffic, and one resource per key."""
+the daily settlement report and the simulated traffic, the postings protocol participants (an
+asset, a consistency check and a sensor each; no database touched), and one resource per key."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dagster import AssetKey, DailyPartitionsDefinition
 
 from tests.support import ROOT
 
+PARTICIPANT_ASSETS = {"participant_bank_a_messages", "participant_bank_x_messages"}
 PROCESSOR_ASSETS = {"fx_rates", "instructions", "parsed", "priced", "results", "ledger_entries",
                     "malformed", "ledger"}
 
@@ -46,9 +48,54 @@ def test_checks_sensors_job_schedule() -> None:
     sensors = {s.name for s in repo.sensor_defs}
     assert {"payments__intake__new_data", "payments__parse__new_data", "payments__convert__new_data",
             "payments__validate__new_data", "payments__ledger__sink", "payments__recovery"} <= sensors
-    assert [s.name for s in repo.schedule_defs] == ["payments__schedule"]
+    assert sorted(s.name for s in repo.schedule_defs) == ["participants__schedule",
+                                                          "payments__schedule"]
     job = repo.get_job("payments__all")
     assert job is not None
+
+
+def test_participants_next_to_payments() -> None:
+    repo = _repo()
+    keys = {k.to_user_string() for k in repo.asset_graph.get_all_asset_keys()}
+    assert keys >= PARTICIPANT_ASSETS  # default $CUES_PARTICIPANTS: bank-a producer, bank-x consumer
+    for key in PARTICIPANT_ASSETS:
+        node = repo.asset_graph.get(AssetKey(key))
+        assert node.group_name == "participants" and node.is_materializable
+    assert AssetKey("participant_bank_a_messages") in repo.asset_graph.get(
+        AssetKey("participant_bank_x_messages")).parent_keys
+    checks = {(c.asset_key.to_user_string(), c.name) for c in repo.asset_graph.asset_check_keys}
+    assert {(k, "no_consistency_issues") for k in PARTICIPANT_ASSETS} <= checks
+    sensors = {s.name for s in repo.sensor_defs}
+    assert {"participant__bank_a__new_data", "participant__bank_x__new_data"} <= sensors
+    assert repo.get_job("participants__all") is not None
+    assert {"participants_lake", "spark"} <= set(repo.get_top_level_resources())
+
+
+def test_participants_from_env_without_database(monkeypatch, tmp_path: Path) -> None:  # noqa: ANN001
+    import pytest
+    from dagster import Definitions
+
+    from assets.participants import parse_participants, participant_defs
+    from resources import RESOURCES
+
+    # loading must reach no database: the embedded server's data dir is a file, so starting it
+    # (or resolving a participant's DSN at all) would fail
+    (tmp_path / "not-a-dir").write_text("")
+    monkeypatch.setenv("CUES_PARTICIPANTS_DATA", str(tmp_path / "not-a-dir"))
+    monkeypatch.setenv("CUES_PARTICIPANTS", "bank-q:producer:3,bank-r:consumer")
+    repo = Definitions.merge(participant_defs(), Definitions(resources=RESOURCES)).get_repository_def()
+    assert {k.to_user_string() for k in repo.asset_graph.get_all_asset_keys()} == {
+        "participant_bank_q_messages", "participant_bank_r_messages"}
+
+    from cues_platform.participants.errors import ParticipantConfigError
+    from cues_platform.participants.model import Role
+
+    parsed = parse_participants("bank-b:producer:2, bank-c:consumer")
+    assert [(p.id, p.role, p.slots) for p in parsed] == [("bank-b", Role.PRODUCER, 2),
+                                                         ("bank-c", Role.CONSUMER, 1)]
+    for bad in ("bank-b", "bank-b:driver", "bank-b:producer:0", "a:producer,a:consumer"):
+        with pytest.raises(ParticipantConfigError):
+            parse_participants(bad)
 
 
 def test_settlement_report_is_daily_partitioned() -> None:
@@ -64,7 +111,7 @@ def test_resources_one_per_key() -> None:
     from resources import LedgerResource
 
     resources = _repo().get_top_level_resources()
-    assert {"lake", "spark", "ledger", "backing", "cues_io_manager"} <= set(resources)
+    assert {"lake", "spark", "ledger", "backing", "cues_io_manager", "participants_lake"} <= set(resources)
     assert isinstance(defs.resources["ledger"], LedgerResource)
 
 
