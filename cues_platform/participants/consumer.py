@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -40,9 +39,9 @@ import psycopg
 import pyarrow as pa
 from psycopg.types.json import Jsonb
 
-from cues_platform.errors import CuesError
 from cues_platform.participants import leases
 from cues_platform.participants.db import Database
+from cues_platform.participants.loop import InstanceLoop
 from cues_platform.participants.model import (
     EMPTY_MESSAGE_ID,
     PAYLOAD_NOT_JSON,
@@ -135,7 +134,7 @@ def consume(ctx: Any, conn: psycopg.Connection, batch: pa.Table, *, receiver: st
                     schema=RESULTS_SCHEMA)
 
 
-class ConsumerInstance:
+class ConsumerInstance(InstanceLoop):
     """One of the x instances of consumer participant ``p``."""
 
     def __init__(self, *, participant: str, lake: Lake, dsn: str, instance_id: str,
@@ -226,31 +225,3 @@ class ConsumerInstance:
         self.stats["steps"] += 1
         self.stats["rows"] += result.rows_in
         return True
-
-    def run(self, *, idle_exit: float | None = None) -> dict[str, int]:
-        self.start()
-        idle_since = time.monotonic()
-        delay = self.settings.idle_poll
-        while not self.stop_event.is_set():
-            try:
-                progressed = self.tick()
-            except CuesError as exc:
-                if not exc.retryable:
-                    raise
-                # the DB or the lake failed transiently: every step is safe to redo
-                log.warning("%s: %s; retrying", self.instance, exc)
-                self.db.close()
-                self.stop_event.wait(min(1.0, self.settings.lease_seconds / 3))
-                continue
-            if progressed:
-                idle_since, delay = time.monotonic(), self.settings.idle_poll
-            else:
-                if idle_exit is not None and time.monotonic() - idle_since > idle_exit:
-                    break
-                # idle: back off exponentially (polling Delta logs and the DB costs CPU)
-                self.stop_event.wait(delay)
-                delay = min(delay * 2, max(self.settings.idle_poll, self.settings.max_idle_poll))
-        if self.keeper is not None:
-            self.keeper.stop()
-        self.db.close()
-        return self.stats

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -71,6 +70,7 @@ from cues_platform.participants.errors import (
     PayloadTooLargeError,
     PublishBailedError,
 )
+from cues_platform.participants.loop import InstanceLoop
 from cues_platform.participants.model import (
     POSTINGS,
     POSTINGS_SCHEMA,
@@ -187,7 +187,7 @@ def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, OSError | DeltaError)
 
 
-class ProducerInstance:
+class ProducerInstance(InstanceLoop):
     """One of the x instances of producer participant ``n`` (see the module docstring)."""
 
     def __init__(self, *, participant: str, lake: Lake, dsn: str, instance_id: str,
@@ -253,34 +253,6 @@ class ProducerInstance:
                 log.warning("%s", exc)
         progressed |= self.apply_results_once() > 0
         return progressed
-
-    def run(self, *, idle_exit: float | None = None) -> dict[str, int]:
-        self.start()
-        idle_since = time.monotonic()
-        delay = self.settings.idle_poll
-        while not self.stop_event.is_set():
-            try:
-                progressed = self.tick()
-            except CuesError as exc:
-                if not exc.retryable:
-                    raise
-                # the DB or the lake failed transiently: every step is safe to redo
-                log.warning("%s: %s; retrying", self.instance, exc)
-                self.db.close()
-                self.stop_event.wait(min(1.0, self.settings.lease_seconds / 3))
-                continue
-            if progressed:
-                idle_since, delay = time.monotonic(), self.settings.idle_poll
-            else:
-                if idle_exit is not None and time.monotonic() - idle_since > idle_exit:
-                    break
-                # idle: back off exponentially (polling Delta logs and the DB costs CPU)
-                self.stop_event.wait(delay)
-                delay = min(delay * 2, max(self.settings.idle_poll, self.settings.max_idle_poll))
-        if self.keeper is not None:
-            self.keeper.stop()
-        self.db.close()
-        return self.stats
 
     # -- Steps 2-5 ---------------------------------------------------------------------------------
     def _take_publication(self, conn: psycopg.Connection) -> tuple[int, str, list[tuple]] | None:
