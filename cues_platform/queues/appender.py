@@ -2,7 +2,8 @@
 
 Delivery contract of :func:`append_batches` (every retry starts again at step 1):
 
-1. Load the newest snapshot of the queue table (``update_incremental``: O(new commits)).
+1. Load the newest snapshot of the queue table (``Queue.refresh``: one stat() when nothing is new
+   on a local lake, else ``update_incremental``, O(new commits)).
 2. Run the guards on that snapshot. The idempotent producer's guard compares the batch's sequence
    with the producer's app transaction: an already committed sequence makes the whole call a no-op
    that returns the original offsets; a gap or a regression raises :class:`SequenceError`.
