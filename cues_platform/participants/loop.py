@@ -58,7 +58,11 @@ class InstanceLoop:
                     break
                 self.stop_event.wait(delay)
                 delay = min(delay * 2, max(self.settings.idle_poll, self.settings.max_idle_poll))
+        self.close()
+        return self.stats
+
+    def close(self) -> None:
+        """Stop the lease heartbeat (releasing the lease) and close the database connection."""
         if self.keeper is not None:
             self.keeper.stop()
         self.db.close()
-        return self.stats

@@ -45,6 +45,7 @@ def test_cli_register_post_check(tmp_path: Path, make_db: Callable[[str], str]) 
     inst.apply_results_once()
     bad = cli.invoke(participant, ["check", "--id", "bank-a", "--dsn", dsn])
     assert bad.exit_code == 1 and "issue unknown_message" in bad.output and "ghost" in bad.output
+    inst.close()
     Database(dsn).close()
 
 

@@ -93,6 +93,8 @@ def test_round_trip_with_replay(lake: Lake, make_db: Callable[[str], str], spark
     assert {tuple(t[0]) for t in trail} == {
         ("recorded", "assigned", "posting_acked", "replay", "replay_acked", "result_received")}
     assert rows(dsn_a, "SELECT count(*) FROM consistency_issues") == [(0,)]
+    for inst in (prod, prod2, *consumers):
+        inst.close()
 
 
 def test_bad_input(lake: Lake, make_db: Callable[[str], str]) -> None:
@@ -133,6 +135,7 @@ def test_unknown_and_malformed_results_are_consistency_issues(
     assert sorted(rows(dsn, "SELECT kind, message_id FROM consistency_issues"),
                   key=str) == sorted([("unknown_message", "never-sent"),
                                       ("malformed_result", None)], key=str)
+    prod.close()
 
 
 def test_unregistered_sender_and_empty_network(lake: Lake, make_db: Callable[[str], str]) -> None:
@@ -180,4 +183,4 @@ def test_publish_bails_then_republishes_the_same_sequence(
     assert calls == [0, 0, 0, 0]  # the same (producer id, sequence) every time
     assert rows(dsn, "SELECT DISTINCT ack_status, retries FROM messages") == [("acked_posting", 3)]
     assert lake.queue("postings").read_arrow(partition="bank-x").num_rows == 5
-    prod.keeper.stop()
+    prod.close()
