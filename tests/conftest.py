@@ -4,7 +4,9 @@ folders, queue factories."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -69,13 +71,19 @@ def run_python() -> Callable[..., object]:
 
 
 @pytest.fixture(scope="session")
-def pg_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """DSN of a real PostgreSQL: the external one in $CUES_POSTGRES_DSN, else an embedded one."""
+def pg_dsn() -> Iterator[str]:
+    """DSN of a real PostgreSQL: the external one in $CUES_POSTGRES_DSN, else an embedded one.
+
+    The embedded server's data lives outside pytest's basetemp: concurrent pytest sessions of the
+    same user rotate those folders (and make their parent private again) under a running server.
+    """
     external = os.environ.get(DSN_ENV, "").strip()
     if external:
         yield external
         return
-    data_dir = tmp_path_factory.mktemp("pgserver") / "data"
+    base = Path(tempfile.mkdtemp(prefix="cues-test-pg-"))
+    data_dir = base / "data"
     dsn = embedded_postgres(data_dir)
     yield dsn
     stop_embedded_postgres(data_dir)
+    shutil.rmtree(base, ignore_errors=True)
