@@ -256,11 +256,20 @@ def graph_show(graph_ref: str) -> None:
 )
 @click.option("--no-progress", is_flag=True, help="No live progress table.")
 def run_command(graph_ref: str, lake_root: str, idle_exit: float | None, no_progress: bool) -> None:
-    """Run a graph (module:attr or file.py:attr) continuously; stop gracefully on SIGTERM/Ctrl-C."""
+    """Run a graph (module:attr or file.py:attr) continuously; stop gracefully on SIGTERM/Ctrl-C.
+
+    Exit 0 after a requested stop (SIGTERM/SIGINT) or ``--idle-exit``. A SIGTERM to the whole
+    process group also stops Spark's JVM: the step in flight then fails with a platform error,
+    which writes no error row and is retried by the next start; that is still a requested stop
+    (exit 0, one line naming the interrupted step). A platform failure without a stop request
+    exits 2 with one ``error:`` line (``PlatformStepError``: restart to retry the same input).
+    """
     import signal
     import threading
     import time
 
+    from cues_platform.processing.errors import PlatformStepError
+    from cues_platform.processing.failures import Origin, Phase, origin_of
     from cues_platform.processing.loader import load_graph
     from cues_platform.processing.runner import GraphRunner
 
@@ -281,22 +290,36 @@ def run_command(graph_ref: str, lake_root: str, idle_exit: float | None, no_prog
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, request_stop)
     started = time.monotonic()
+    interrupted = ""
     try:
         runner = GraphRunner(graph=graph, lake=lake, keep_results=False)
         runners.append(runner)
         if stop.is_set():
             runner.stop_event.set()
         stats = runner.run(show_progress=not no_progress, idle_exit=idle_exit)
+    except Exception as exc:
+        # A stop request that also took Spark's JVM down (SIGTERM to the process group) fails the
+        # step in flight (or the start-up) with a platform error: no error row, retried on restart.
+        if not stop.is_set() or not (
+            isinstance(exc, PlatformStepError) or origin_of(exc, phase=Phase.MATERIALIZE) is Origin.PLATFORM
+        ):
+            raise
+        if isinstance(exc, PlatformStepError):
+            interrupted = (f"; step {exc.step} of processor {exc.processor!r} was interrupted and is "
+                           "retried on the next start")
+        else:
+            interrupted = f"; start-up interrupted ({type(exc).__name__})"
+        stats = runners[0].stats if runners else {}
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
     elapsed = time.monotonic() - started
     why = (
         "stop requested"
-        if stop.is_set() or runner.stop_event.is_set()
+        if stop.is_set() or (runners and runners[0].stop_event.is_set())
         else f"idle for {idle_exit}s"
     )
-    click.echo(f"graph {graph.name}: stopped after {elapsed:.1f}s ({why})")
+    click.echo(f"graph {graph.name}: stopped after {elapsed:.1f}s ({why}{interrupted})")
     for pid, s in stats.items():
         p = graph.processors[pid]
         click.echo(

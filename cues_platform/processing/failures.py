@@ -7,11 +7,31 @@ delivered, and the next start retries the same snapshot with the same hash.
 
 The auditor reads the ``exception_type`` column of error rows written by any version and uses
 :func:`origin_of_exception_type` to report rows that a platform failure put there.
+
+At the source, a step classifies a live exception with :func:`origin_of` and the :class:`Phase`
+it escaped from:
+
+- ``READ``: planning and opening the input frames. Always the platform's (a missing data file,
+  Delta, Spark unavailable): the user's code has not run yet.
+- ``FUNCTION``: escaped ``processor.fn(...)``. The user's, unless it is a platform type: Py4J
+  errors (network, JVM gone, an unconverted Java exception such as a lost executor or a missing
+  file), Spark Connect transport errors, ``deltalake`` errors, ``cues_platform`` errors that are
+  not contract breaks, and an ``OSError`` raised from inside py4j/pyspark/deltalake/cues_platform.
+  An ``OSError`` the user's own code raises is the user's.
+- ``MATERIALIZE``: Spark is lazy, so turning the returned DataFrame into Arrow runs the user's
+  plan. The user's when the user's logic failed on the executors (a UDF raised: ``PythonException``;
+  ANSI arithmetic, cast, date/time and other Spark runtime errors; ``AnalysisException``), or the
+  returned value is not a table; the platform's otherwise (Py4J/Java failures such as
+  ``SparkFileNotFoundException`` or a lost executor, ``OSError``, ``MemoryError``, Delta).
+- ``STAGE``: conforming to the output queues and writing the staged files. A contract break is
+  handled; anything else (disk, Arrow I/O) is the platform's.
 """
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
+from types import TracebackType
 
 CONTRACT_EXCEPTION_TYPE = "cues_platform.ContractViolation"
 # The user's output did not fit an output queue (wrong columns, types, nulls, partitions): a
@@ -50,4 +70,121 @@ def origin_of_exception_type(exception_type: str) -> Origin:
     return Origin.USER
 
 
-__all__ = ["CONTRACT_EXCEPTION_TYPE", "CONTRACT_EXCEPTION_TYPES", "Origin", "PLATFORM_TYPE_PREFIXES", "origin_of_exception_type"]
+class Phase(StrEnum):
+    READ = "reading the inputs"
+    FUNCTION = "running the function"
+    MATERIALIZE = "materializing the function's result"
+    STAGE = "staging the outputs"
+
+
+def qualified_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _mro_names(exc: BaseException) -> set[str]:
+    return {qualified_name(c) for c in type(exc).__mro__}
+
+
+# pyspark's converted exceptions (classic ``captured`` and ``connect`` both subclass these bases)
+# that mean the user's plan failed on its own terms: bad column, UDF raised, ANSI arithmetic, cast
+# (``NumberFormatException`` is an ``IllegalArgumentException``), date/time, runtime assertions.
+_SPARK_USER_BASES = frozenset(f"pyspark.errors.exceptions.base.{n}" for n in (
+    "AnalysisException", "PythonException", "ArithmeticException", "NumberFormatException",
+    "DateTimeException", "IllegalArgumentException", "ArrayIndexOutOfBoundsException",
+    "UnsupportedOperationException", "SparkRuntimeException", "SparkNoSuchElementException",
+    "SparkUpgradeException", "QueryExecutionException", "PickleException",
+))
+# Never the user's: the JVM or the connection to it failed, or Spark could not convert a Java
+# exception (a lost executor, SparkFileNotFoundException, OutOfMemoryError, SparkContext shut down).
+_SPARK_PLATFORM_BASES = frozenset({
+    "py4j.protocol.Py4JError",  # Py4JNetworkError, Py4JJavaError (unconverted), Py4JAuthenticationError
+    "pyspark.errors.exceptions.base.UnknownException",
+    "pyspark.errors.exceptions.connect.SparkConnectGrpcException",
+    "pyspark.errors.exceptions.base.StreamingPythonRunnerInitializationException",
+})
+# pyspark's own Python-side errors that mean the JVM or the session is gone.
+_SPARK_PLATFORM_CONDITIONS = frozenset({
+    "JAVA_GATEWAY_EXITED", "CANNOT_CONFIGURE_SPARK_CONNECT", "SESSION_OR_CONTEXT_NOT_EXISTS",
+    "NO_ACTIVE_SESSION", "NO_ACTIVE_OR_DEFAULT_SESSION", "SPARK_CONNECT_RETRIES_EXCEEDED",
+})
+_PLATFORM_MODULE_PREFIXES = ("py4j", "pyspark", "deltalake", "cues_platform", "grpc")
+
+
+def _spark_origin(exc: BaseException) -> Origin | None:
+    """The origin of a Spark/Py4J exception, or None when ``exc`` is not one."""
+    names = _mro_names(exc)
+    if names & _SPARK_PLATFORM_BASES:
+        # Spark Connect converts user failures too: they subclass both (e.g. connect.PythonException).
+        return Origin.USER if names & _SPARK_USER_BASES else Origin.PLATFORM
+    if names & _SPARK_USER_BASES:
+        return Origin.USER
+    if "pyspark.errors.exceptions.base.PySparkException" in names:
+        condition = getattr(exc, "_errorClass", None)
+        return Origin.PLATFORM if condition in _SPARK_PLATFORM_CONDITIONS else Origin.USER
+    if "pyspark.errors.exceptions.connect.RetriesExceeded" in names:
+        return Origin.PLATFORM
+    return None
+
+
+def _raised_in_platform_code(exc: BaseException) -> bool:
+    """True when the innermost frame of ``exc``'s traceback is in py4j/pyspark/deltalake/cues_platform."""
+    tb: TracebackType | None = exc.__traceback__
+    module = None
+    while tb is not None:
+        module = tb.tb_frame.f_globals.get("__name__", "")
+        tb = tb.tb_next
+    return bool(module) and str(module).split(".")[0] in _PLATFORM_MODULE_PREFIXES
+
+
+def origin_of(exc: BaseException, *, phase: Phase) -> Origin:
+    """Whose failure is ``exc``, which escaped the step during ``phase``? (See the module doc.)"""
+    from cues_platform.errors import CuesError
+
+    if phase is Phase.READ:
+        return Origin.PLATFORM
+    names = _mro_names(exc)
+    if names & CONTRACT_EXCEPTION_TYPES:
+        return Origin.CONTRACT
+    if isinstance(exc, CuesError):
+        return Origin.PLATFORM  # the platform's own failure (Delta, fencing, a sink's storage)
+    if any(n.startswith("deltalake.") for n in names):
+        return Origin.PLATFORM
+    spark = _spark_origin(exc)
+    if spark is not None:
+        return spark
+    if phase is Phase.STAGE:
+        return Origin.PLATFORM
+    if isinstance(exc, MemoryError):
+        return Origin.PLATFORM
+    if isinstance(exc, OSError):
+        if phase is Phase.MATERIALIZE:
+            return Origin.PLATFORM
+        return Origin.PLATFORM if _raised_in_platform_code(exc) else Origin.USER
+    return Origin.USER
+
+
+_PY_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")  # "module.Class: message" (or "Class")
+
+
+def exception_type_of(exc: BaseException) -> str:
+    """The qualified type an error row names: the user's own class for a UDF that raised on an
+    executor (parsed from the worker's traceback in pyspark's ``PythonException``), else the type
+    of ``exc``."""
+    names = _mro_names(exc)
+    if "pyspark.errors.exceptions.base.PythonException" in names:
+        text = str(getattr(exc, "_desc", None) or getattr(exc, "_message", None) or exc)
+        start = text.rfind("Traceback (most recent call last):")
+        if start != -1:
+            for line in text[start:].splitlines()[1:]:
+                if line[:1].isspace() or not line:
+                    continue
+                match = _PY_EXC_LINE.match(line)
+                if match:
+                    name = match.group(1)
+                    return name if "." in name else f"builtins.{name}"
+                break
+    return qualified_name(type(exc))
+
+
+__all__ = ["CONTRACT_EXCEPTION_TYPE", "CONTRACT_EXCEPTION_TYPES", "Origin", "PLATFORM_TYPE_PREFIXES", "Phase",
+           "exception_type_of", "origin_of", "origin_of_exception_type", "qualified_name"]

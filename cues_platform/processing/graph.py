@@ -202,12 +202,14 @@ def validate_graph(graph: Graph) -> None:
                 raise GraphError(f"{where}: output {binding!r} routes by column {dst.partition_column!r}, "
                                  f"which queue {dst.queue!r} does not have", processor=p.id, binding=binding)
             key = (dst.queue, None if dst.partition_column else dst.partition)
+            _check_distinct_outputs(p, binding, dst, where)
             other = writers.get(key) or writers.get((dst.queue, None))
             if other and other != p.id:
                 raise GraphError(f"{where}: output {binding!r} writes {dst.queue!r}, which processor "
                                  f"{other!r} already writes; give each output queue one writer",
                                  processor=p.id, binding=binding)
             writers[key] = p.id
+        _check_signature(p, where)
         err = graph.error_queue_of(p)
         if err and err not in graph.queues:
             raise GraphError(f"{where}: error queue {err!r} is not a declared queue", processor=p.id)
@@ -224,3 +226,41 @@ def _bounds_text(bounds: tuple[int, int | None]) -> str:
     if hi is None:
         return f"at least {lo}"
     return f"exactly {lo}" if lo == hi else f"{lo} to {hi}"
+
+
+def _check_distinct_outputs(p: Processor, binding: str, dst: Out, where: str) -> None:
+    """Two output bindings of one processor may not write the same queue partition (one would
+    silently replace the other's rows): the same fixed partition, or a routed one on either side."""
+    for other, o in p.outputs.items():
+        if other == binding:
+            break
+        if o.queue != dst.queue:
+            continue
+        if o.partition_column is None and dst.partition_column is None and o.partition != dst.partition:
+            continue
+        what = (f"partition {dst.partition!r}" if o.partition_column is None and dst.partition_column is None
+                else "partitions chosen by a partition_column")
+        raise GraphError(f"{where}: outputs {other!r} and {binding!r} both write {what} of queue "
+                         f"{dst.queue!r}; merge them into one output (union the frames) or write "
+                         f"different partitions", processor=p.id, binding=binding, other=other)
+
+
+def _check_signature(p: Processor, where: str) -> None:
+    """The function is called ``fn(ctx, **{binding: frame})``: its first positional parameter
+    takes the context and every input binding must be a parameter name (or land in ``**kwargs``),
+    with no other required parameter."""
+    try:
+        sig = inspect.signature(p.fn)
+    except (TypeError, ValueError):
+        return  # a builtin or C callable without a signature: nothing to check
+    bindings = sorted(p.inputs)
+    try:
+        sig.bind(object(), **dict.fromkeys(bindings, object()))
+    except TypeError as exc:
+        params = [str(x) for x in sig.parameters.values()]
+        raise GraphError(
+            f"{where}: its function {getattr(p.fn, '__qualname__', p.fn)!r}({', '.join(params)}) does not "
+            f"fit its input bindings {bindings}: it is called as fn(ctx, "
+            f"{', '.join(f'{b}=<frame>' for b in bindings)}) ({exc}); name the parameters after the "
+            "bindings (the first one takes the context) or add **frames", processor=p.id) from exc
+

@@ -20,14 +20,10 @@ import types
 from pathlib import Path
 from typing import Any
 
-from cues_platform.processing.errors import ProcessingError
+from cues_platform.processing.errors import GraphLoadError
 from cues_platform.processing.graph import Graph
 
 __all__ = ["GraphLoadError", "load_graph", "split_reference"]
-
-
-class GraphLoadError(ProcessingError):
-    """A graph reference (``module:attr`` / ``file.py:attr``) cannot be resolved to a Graph."""
 
 
 def split_reference(reference: str) -> tuple[str, str | None]:

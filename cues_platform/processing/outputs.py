@@ -24,6 +24,7 @@ from deltalake import DeltaTable
 from pyarrow import fs
 
 from cues_platform.processing.backing import Snapshot
+from cues_platform.processing.failures import CONTRACT_EXCEPTION_TYPE, exception_type_of
 from cues_platform.processing.graph import Out
 from cues_platform.queues import Lake, Queue
 from cues_platform.queues.appender import AppendResult, append_batches
@@ -112,7 +113,7 @@ def error_table(snapshot: Snapshot, exc: BaseException) -> pa.Table:
     inputs = json.dumps({b: [r.queue, r.partition, r.start, r.end] for b, r in snapshot.inputs.items()})
     return pa.table({
         "processor": [snapshot.processor], "step": [snapshot.step], "inputs": [inputs],
-        "exception_type": [f"{type(exc).__module__}.{type(exc).__qualname__}"],
+        "exception_type": [exception_type_of(exc)],
         "message": [str(exc)[:10_000]],
         "traceback": ["".join(traceback.format_exception(exc))[-20_000:]],
         "failed_at": [datetime.now(UTC)],
@@ -128,7 +129,7 @@ def contract_error_table(snapshot: Snapshot, *, queue: str, bad: pa.Table, reaso
     inputs = json.dumps({b: [r.queue, r.partition, r.start, r.end] for b, r in snapshot.inputs.items()})
     return pa.table({
         "processor": [snapshot.processor] * n, "step": [snapshot.step] * n, "inputs": [inputs] * n,
-        "exception_type": ["cues_platform.ContractViolation"] * n,
+        "exception_type": [CONTRACT_EXCEPTION_TYPE] * n,
         "message": [f"row breaks the contract of queue {queue!r}: {r}" for r in reasons],
         "traceback": [""] * n, "failed_at": [datetime.now(UTC)] * n,
         "queue": [queue] * n, "payload": rows_as_json(bad),
@@ -143,6 +144,19 @@ def delivered_to(queue: Queue, processor: str, step: int, dt: DeltaTable | None 
 def commit_staged(lake: Lake, queue: Queue, snapshot: Snapshot, files: Mapping[str, str],
                   *, message_type: str = "message") -> AppendResult:
     """Step 5: append one queue's staged files in one commit, at most once per step."""
+    if delivered_to(queue, snapshot.processor, snapshot.step):
+        return AppendResult(queue=queue.name, ranges={}, duplicate=True)
+    tables = {}
+    for part, path in files.items():
+        filesystem, p = fs.FileSystem.from_uri(path) if "://" in path else (fs.LocalFileSystem(), path)
+        tables[part] = pq.read_table(p, filesystem=filesystem)
+    return commit_once(queue, snapshot, tables, prepared=True, message_type=message_type)
+
+
+def commit_once(queue: Queue, snapshot: Snapshot, tables: Mapping[str, Any], *, prepared: bool,
+                message_type: str = "message") -> AppendResult:
+    """Append ``{partition: table}`` in one commit carrying the app transaction
+    ``proc:{processor} = step``, unless the queue already has this step or a later one."""
     processor, step = snapshot.processor, snapshot.step
 
     def guard(dt: DeltaTable) -> AppendResult | None:
@@ -150,13 +164,7 @@ def commit_staged(lake: Lake, queue: Queue, snapshot: Snapshot, files: Mapping[s
             return AppendResult(queue=queue.name, ranges={}, duplicate=True)
         return None
 
-    if delivered_to(queue, processor, step):
-        return AppendResult(queue=queue.name, ranges={}, duplicate=True)
-    tables = {}
-    for part, path in files.items():
-        filesystem, p = fs.FileSystem.from_uri(path) if "://" in path else (fs.LocalFileSystem(), path)
-        tables[part] = pq.read_table(p, filesystem=filesystem)
-    return append_batches(queue, tables, guards=[guard], prepared=True,
+    return append_batches(queue, tables, guards=[guard], prepared=prepared,
                           app_transactions=[(proc_app_id(processor), step)],
                           delivery_hash=snapshot.delivery_hash, message_type=message_type,
                           commit_metadata={"cues.processor": processor, "cues.step": str(step)})

@@ -7,6 +7,8 @@ delivery hash. Each helper records the delivery atomically with the effect, so a
   with version = step (steps only grow, so one version per processor is enough).
 - :func:`postgres_once`: a ``(delivery_hash PRIMARY KEY, ...)`` row in a dedupe table commits or
   rolls back together with the user's writes. Bad input raises :class:`InvalidSinkInputError`.
+
+The error classes live in :mod:`cues_platform.processing.errors` and are re-exported here.
 """
 
 from __future__ import annotations
@@ -26,7 +28,14 @@ from deltalake import exceptions as dx
 from psycopg import errors as pg_errors
 from psycopg import sql
 
-from cues_platform.errors import CuesError
+from cues_platform.processing.errors import (
+    DeliveryHashReusedError,
+    InvalidSinkInputError,
+    SinkConflictError,
+    SinkError,
+    SinkSchemaError,
+    SinkStorageError,
+)
 
 SINK_APP_PREFIX = "sink:"  # Delta app id prefix: version = last applied step of that processor
 DEFAULT_TABLE = "cues_sink_deliveries"
@@ -46,34 +55,6 @@ class SinkContext(Protocol):
 
     @property
     def delivery_hash(self) -> str: ...  # 32 lowercase hex chars; same on a retry
-
-
-class SinkError(CuesError):
-    """Root of sink errors; ``processor``, ``step`` and ``hash`` name the delivery."""
-
-
-class InvalidSinkInputError(SinkError):
-    """A context, table name, mode or batch is invalid; fix the call, retrying cannot help."""
-
-
-class SinkSchemaError(SinkError):
-    """The batch does not fit the schema of the existing Delta table."""
-
-
-class DeliveryHashReusedError(SinkError):
-    """The delivery hash is already recorded for another processor or step."""
-
-
-class SinkConflictError(SinkError):
-    """Other writers kept conflicting with this commit; retrying later is safe and can succeed."""
-
-    retryable = True
-
-
-class SinkStorageError(SinkError):
-    """The store failed or the connection dropped; the outcome is unknown, retrying is safe."""
-
-    retryable = True
 
 
 @dataclass(frozen=True)
@@ -287,3 +268,10 @@ def applied(conn: psycopg.Connection, delivery_hash: str, *, table: str = DEFAUL
     except pg_errors.UndefinedTable:
         return False
     return row is not None
+
+
+__all__ = [
+    "DEFAULT_TABLE", "SINK_APP_PREFIX", "DeliveryHashReusedError", "InvalidSinkInputError", "PostgresDelivery",
+    "SinkConflictError", "SinkContext", "SinkError", "SinkSchemaError", "SinkStorageError", "applied",
+    "postgres_once", "validate_table_name", "write_delta_once",
+]

@@ -4,11 +4,17 @@ Persistence, on every step (``ExactlyOnceStepper.step``):
 
 1. Snapshot: take the input ranges ``[start, end)`` of this step (for alts: the binding chosen)
    and append them to the backing queue; on a retry, reuse the recorded snapshot instead.
-2. Read the ranges as Spark DataFrames and run the function. Exceptions (and contract breaks in
-   step 3) are *handled* when an error queue is configured: the step's output becomes one error
-   row. Otherwise they stop the processor (:class:`UnhandledStepError`), nothing is delivered, and
-   the next start retries the same snapshot.
-3. Prepare: materialize the result once, conform it to the output contracts, write staged files.
+2. Read the ranges as Spark DataFrames and run the function. Who failed is decided where the
+   exception escapes (:func:`cues_platform.processing.failures.origin_of`): only the user's own
+   exceptions (and contract breaks in step 3) are *handled*. With an error queue the step's output
+   becomes one error row; without one they stop the processor (:class:`UnhandledStepError`).
+   A platform failure (Delta, the file system, Py4J/Spark infrastructure, a missing input file)
+   is never handled: :class:`PlatformStepError` stops the processor, nothing is delivered, no
+   error row is written, and the next start retries the same snapshot with the same hash.
+3. Prepare: materialize the result once (Spark is lazy: the user's plan runs here, so a failure
+   is classified as in step 2), drop the queues' reserved metadata columns that the input frames
+   carried (``_offset``, ``_delivery_hash``...), conform it to the output contracts, write staged
+   files.
 4. Attempt: append what was prepared (staged files and row counts per queue, or nil).
    From here on the step's outcome is fixed: recovery rolls it forward, never recomputes it, so
    a fork's outputs end all delivered even with a non-deterministic function.
@@ -29,7 +35,8 @@ queue has step n iff its version >= n. A nil attempt is delivered by its backing
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +45,8 @@ import pyarrow as pa
 from cues_platform.processing.backing import BackingQueue, Range, Record, RecordType, Snapshot
 from cues_platform.processing.context import StepContext
 from cues_platform.processing.contracts import split_by_contract
-from cues_platform.processing.errors import RecoveryError, UnhandledStepError
+from cues_platform.processing.errors import PlatformStepError, RecoveryError, UnhandledStepError
+from cues_platform.processing.failures import Origin, Phase, origin_of, qualified_name
 from cues_platform.processing.graph import Graph, Kind, Processor
 from cues_platform.processing.outputs import (
     commit_staged,
@@ -52,10 +60,38 @@ from cues_platform.processing.outputs import (
     to_arrow,
 )
 from cues_platform.queues import Lake, Queue
-from cues_platform.queues.errors import QueueError, SchemaError
+from cues_platform.queues.errors import SchemaError
 from cues_platform.queues.reader import execute_spark, plan_read
+from cues_platform.queues.schema import RESERVED
 
 Hook = Callable[[str], None]
+
+
+class StepFailure(Exception):  # noqa: N818 - internal carrier, never escapes the steppers
+    """An exception that escaped step 2 or 3, with the phase it escaped from and its origin."""
+
+    def __init__(self, cause: Exception, phase: Phase) -> None:
+        super().__init__(str(cause))
+        self.cause, self.phase = cause, phase
+        self.origin = origin_of(cause, phase=phase)
+
+
+@contextmanager
+def failing_as(phase: Phase) -> Iterator[None]:
+    """Classify an exception escaping the block (``BaseException``s such as a crash pass through)."""
+    try:
+        yield
+    except StepFailure:
+        raise
+    except Exception as exc:  # noqa: BLE001 - classified at its source, re-raised below
+        raise StepFailure(exc, phase) from exc
+
+
+def without_metadata(table: pa.Table) -> pa.Table:
+    """Drop the queues' reserved metadata columns (the input frames carry them; a function that
+    adds a column to its input returns them too). Other ``_`` names still break the contract."""
+    reserved = [c for c in table.column_names if c in RESERVED]
+    return table.drop_columns(reserved) if reserved else table
 
 
 @dataclass(frozen=True)
@@ -114,21 +150,56 @@ class StepBase:
                            self.lake, self.spark, self.resources, dict(snapshot.inputs))
 
     def run_function(self, snapshot: Snapshot) -> Any:
-        frames = {}
-        for binding, r in snapshot.inputs.items():
-            plan = plan_read(self.queues[r.queue], partition=r.partition, start=r.start, end=r.end)
-            frames[binding] = execute_spark(self.queues[r.queue], self.spark, plan)
+        with failing_as(Phase.READ):
+            frames = {}
+            for binding, r in snapshot.inputs.items():
+                plan = plan_read(self.queues[r.queue], partition=r.partition, start=r.start, end=r.end)
+                frames[binding] = execute_spark(self.queues[r.queue], self.spark, plan)
         self.hook("after_read")
-        return self.processor.fn(self.context(snapshot), **frames)
+        with failing_as(Phase.FUNCTION):
+            return self.processor.fn(self.context(snapshot), **frames)
+
+    def run_and_prepare(self, snapshot: Snapshot) -> tuple[dict, dict, Exception | None]:
+        """Steps 2 and 3: ``(staged, counts, None)``, or a handled failure staged as its error
+        rows ``(staged, counts, exc)``. A platform failure raises :class:`PlatformStepError`."""
+        try:
+            result = self.run_function(snapshot)
+            self.hook("after_function")
+            staged, counts = self.prepare(snapshot, result)
+            return staged, counts, None
+        except StepFailure as failure:
+            if failure.origin is Origin.PLATFORM:
+                raise self.platform_error(snapshot, failure) from failure.cause
+            staged, counts = self.handled(snapshot, failure.cause)
+            return staged, counts, failure.cause
+
+    def platform_error(self, snapshot: Snapshot, failure: StepFailure) -> PlatformStepError:
+        cause = failure.cause
+        first = (str(cause).strip().splitlines() or [""])[0][:300]
+        then = ("the step's input is lost (at_most_once saved its positions first)"
+                if self.processor.strategy.value == "at_most_once" else
+                "the next start retries the same input ranges with the same delivery hash")
+        return PlatformStepError(
+            f"processor {self.processor.id!r} stopped at step {snapshot.step} (delivery hash "
+            f"{snapshot.delivery_hash}): {type(cause).__name__} while {failure.phase.value}, which is not "
+            f"the processor function's own error ({first}); nothing was delivered and no error row was "
+            f"written; fix the cause if it persists and restart: {then}",
+            processor=self.processor.id, step=snapshot.step, delivery_hash=snapshot.delivery_hash,
+            phase=failure.phase.name.lower(), cause_type=qualified_name(type(cause)))
 
     def prepare(self, snapshot: Snapshot, result: Any) -> tuple[dict, dict]:
         if self.processor.kind is Kind.SINK:
             return {}, {}
-        by_binding = split_outputs(result, self.processor.outputs, processor=self.processor.id)
+        with failing_as(Phase.MATERIALIZE):
+            by_binding = split_outputs(result, self.processor.outputs, processor=self.processor.id)
+            arrow = {binding: without_metadata(to_arrow(value)) for binding, value in by_binding.items()}
+        with failing_as(Phase.STAGE):
+            return self._stage_outputs(snapshot, arrow)
+
+    def _stage_outputs(self, snapshot: Snapshot, arrow: Mapping[str, pa.Table]) -> tuple[dict, dict]:
         tables: dict[str, dict] = {}
-        for binding, value in by_binding.items():
+        for binding, table in arrow.items():
             out = self.processor.outputs[binding]
-            table = to_arrow(value)
             contract = self.graph.queues[out.queue].contract
             if contract is not None and table.num_rows:
                 table, bad, reasons = split_by_contract(table, contract, queue=out.queue)
@@ -224,15 +295,10 @@ class ExactlyOnceStepper(StepBase):
         self.hook("after_snapshot")
         # Step 2 and Step 3
         error: str | None = None
-        try:
-            result = self.run_function(snapshot)
-            self.hook("after_function")
-            staged, counts = self.prepare(snapshot, result)
+        staged, counts, exc = self.run_and_prepare(snapshot)
+        if exc is None:
             kind = RecordType.ATTEMPT_OUTPUT if staged else RecordType.ATTEMPT_NIL
-        except Exception as exc:  # noqa: BLE001 - user code: handled per the contract above
-            if isinstance(exc, QueueError) and not _is_contract_error(exc):
-                raise
-            staged, counts = self.handled(snapshot, exc)
+        else:
             kind, error = RecordType.ATTEMPT_ERROR, f"{type(exc).__name__}: {exc}"
         self.hook("after_prepare")
         # Step 4
@@ -249,9 +315,3 @@ class ExactlyOnceStepper(StepBase):
         if every and self.next_step % every == 0:
             self.backing.maintain()
         return result_
-
-
-def _is_contract_error(exc: QueueError) -> bool:
-    from cues_platform.queues.errors import BatchError, SchemaError, UnknownPartitionError
-
-    return isinstance(exc, SchemaError | BatchError | UnknownPartitionError)

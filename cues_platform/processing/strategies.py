@@ -2,37 +2,40 @@
 
 at_least_once (Kafka's "process, then save the position"):
 
-1. Plan ranges from the tailer positions (one durable tailer per input, named after the processor).
-2. Read, run the function, and append the outputs (with the delivery hash, no backing records).
-3. Commit the tailer positions.
+1. Plan ranges from the tailer positions (one durable tailer per input, named after the processor),
+   or, when a plan for this step number is already saved (an earlier run of this step crashed),
+   take exactly that plan: the re-run covers the same ranges under the same step number and
+   delivery hash, however much data arrived since (sinks keyed by step, such as
+   ``write_delta_once``, then skip it without losing rows).
+2. Save the plan (step number and the planned end of every input) in ONE position-store commit.
+3. Read, run the function, and append the outputs (with the delivery hash, no backing records).
+4. Commit the tailer positions and the next step number (one commit).
 
-A crash between 2 and 3 re-runs the step on restart: its outputs appear twice, nothing is lost.
+A crash between 3 and 4 re-runs the step on restart: its outputs appear twice, nothing is lost.
 
 at_most_once ("save the position, then process"):
 
 1. Plan ranges; 2. commit the tailer positions; 3. read, run, append.
 
 A crash between 2 and the end of 3 loses the step's inputs; nothing is ever duplicated.
-Errors with an error queue go there (once per attempt); without one the processor stops.
+Errors with an error queue go there (once per attempt); without one the processor stops. A
+platform failure (not the function's own error) raises :class:`PlatformStepError` and writes no
+error row: at_least_once retries the step on the next start, at_most_once has lost it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from cues_platform.processing.backing import Snapshot
-from cues_platform.processing.graph import Strategy
-from cues_platform.processing.outputs import remove_staging
-from cues_platform.processing.step import (
-    ExactlyOnceStepper,
-    StepBase,
-    StepResult,
-    _is_contract_error,
-)
-from cues_platform.queues.errors import QueueError
+from cues_platform.processing.backing import Range, Snapshot
+from cues_platform.processing.graph import Kind, Strategy
+from cues_platform.processing.outputs import commit_unguarded, remove_staging
+from cues_platform.processing.step import ExactlyOnceStepper, StepBase, StepResult
 from cues_platform.queues.positions import PositionStore
 
 STEPS_KEY = "_steps"  # position-store key of a processor's next step number (not a queue name)
+PLANNED_KEY = "_planned"  # key of (the step number + 1) whose plan is saved (at_least_once)
+PLAN_END_KEY = "_plan_end"  # key (partition = input binding) of the saved plan's end per input
 
 
 class PositionStepper(StepBase):
@@ -42,13 +45,28 @@ class PositionStepper(StepBase):
         super().__init__(**kwargs)
         self.strategy = strategy
         self.store = PositionStore(self.lake)
+        self.saved_plan: Snapshot | None = None
 
     def recover(self) -> StepResult | None:
+        pid = self.processor.id
         for binding, src in self.processor.inputs.items():
-            got = self.store.get(queue=src.queue, tailer=self.processor.id, partition=src.partition)
+            got = self.store.get(queue=src.queue, tailer=pid, partition=src.partition)
             self.positions[binding] = got or 0
         # Step numbers go on across restarts (sinks key their effects by step and delivery hash).
-        self.next_step = self.store.get(queue=STEPS_KEY, tailer=self.processor.id, partition="0") or 0
+        self.next_step = self.store.get(queue=STEPS_KEY, tailer=pid, partition="0") or 0
+        self.saved_plan = None
+        if self.strategy is Strategy.AT_LEAST_ONCE and self.store.get(
+                queue=PLANNED_KEY, tailer=pid, partition="0") == self.next_step + 1:
+            # A run of this step planned it and did not finish: re-run exactly that plan.
+            ranges = {}
+            for binding, src in self.processor.inputs.items():
+                end = self.store.get(queue=PLAN_END_KEY, tailer=pid, partition=binding)
+                start = self.positions[binding]
+                ranges[binding] = Range(src.queue, src.partition, start, start if end is None else end)
+            alts = None
+            if self.processor.kind is Kind.ALTS:
+                alts = next((b for b, r in ranges.items() if r.size), None)
+            self.saved_plan = Snapshot(pid, self.next_step, ranges, alts)
         return None
 
     def _commit_positions(self, snapshot: Snapshot) -> None:
@@ -59,40 +77,44 @@ class PositionStepper(StepBase):
             + [(r.queue, self.processor.id, r.partition, r.end) for r in snapshot.inputs.values() if r.size]
         )
 
+    def _save_plan(self, snapshot: Snapshot) -> None:
+        pid = self.processor.id
+        self.store.commit_many(
+            [(PLANNED_KEY, pid, "0", snapshot.step + 1)]
+            + [(PLAN_END_KEY, pid, binding, r.end) for binding, r in snapshot.inputs.items()]
+        )
+
     def step(self) -> StepResult | None:
         self.hook("before_snapshot")
         # Step 1
-        snapshot = self.plan_snapshot()
+        snapshot, self.saved_plan = self.saved_plan, None
         if snapshot is None:
-            return None
+            snapshot = self.plan_snapshot()
+            if snapshot is None:
+                return None
+            if self.strategy is Strategy.AT_LEAST_ONCE:
+                # Step 2 (at_least_once)
+                self._save_plan(snapshot)
         if self.strategy is Strategy.AT_MOST_ONCE:
             # Step 2 (at_most_once)
             self._commit_positions(snapshot)
         self.hook("after_snapshot")
-        outcome, error = "output", None
-        try:
-            result = self.run_function(snapshot)
-            self.hook("after_function")
-            staged, counts = self.prepare(snapshot, result)
-        except Exception as exc:  # noqa: BLE001 - user code
-            if isinstance(exc, QueueError) and not _is_contract_error(exc):
-                raise
-            staged, counts = self.handled(snapshot, exc)
-            outcome, error = "error", f"{type(exc).__name__}: {exc}"
+        # Step 3
+        staged, counts, exc = self.run_and_prepare(snapshot)
+        error = None if exc is None else f"{type(exc).__name__}: {exc}"
         self.hook("after_prepare")
-        from cues_platform.processing.outputs import commit_unguarded
-
         for qname, parts in sorted(staged.items()):
             commit_unguarded(self.queues[qname], snapshot, parts, message_type="error" if error else "message")
             self.hook("between_commits")
         remove_staging(self.lake, snapshot)
         self.hook("after_commit")
         if self.strategy is Strategy.AT_LEAST_ONCE:
-            # Step 3 (at_least_once)
+            # Step 4 (at_least_once)
             self._commit_positions(snapshot)
         self.advance(snapshot)
         rows = {q: sum(p.values()) for q, p in counts.items()}
-        return StepResult(snapshot.step, snapshot.delivery_hash, outcome if staged else "nil",
+        outcome = ("error" if error else "output") if staged else "nil"
+        return StepResult(snapshot.step, snapshot.delivery_hash, outcome,
                           snapshot.inputs, snapshot.rows, rows, error)
 
 

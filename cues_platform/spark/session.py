@@ -3,6 +3,7 @@
 Default ``local[*]`` bound to 127.0.0.1 with the web UI off; a ``spark://``/``yarn``/``k8s://``
 master for a cluster; an ``sc://`` URL for Spark Connect. Spark needs Java 17+ on the machine:
 when it is missing, :func:`get_spark` says so in one line instead of a JVM stack trace.
+Python workers run the driver's interpreter unless the user chose one (:func:`use_this_python`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,11 +71,23 @@ LOCAL_DEFAULTS = {
 }
 
 
+def use_this_python(settings: SparkSettings) -> None:
+    """Make Spark's Python workers (and the driver) run this interpreter, which has pyarrow and the
+    user's packages, instead of whatever ``python3`` is first on PATH. A value the user set
+    (``PYSPARK_PYTHON`` / ``PYSPARK_DRIVER_PYTHON``, or ``spark.pyspark.python`` in the settings) is
+    kept. Only for local masters: on a cluster the executors' interpreter is the cluster's business."""
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    local = settings.master.startswith("local")
+    if local and "spark.pyspark.python" not in settings.conf:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
 def get_spark(settings: SparkSettings | None = None) -> Any:
     """Return the process's Spark session, creating it on first use."""
     from pyspark.sql import SparkSession
 
     s = settings or SparkSettings(master=os.environ.get("CUES_SPARK_MASTER", "local[*]"))
+    use_this_python(s)
     if s.master.startswith("sc://"):
         builder = SparkSession.builder.remote(s.master)
     else:
