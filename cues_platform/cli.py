@@ -264,6 +264,7 @@ def run_command(graph_ref: str, lake_root: str, idle_exit: float | None, no_prog
     (exit 0, one line naming the interrupted step). A platform failure without a stop request
     exits 2 with one ``error:`` line (``PlatformStepError``: restart to retry the same input).
     """
+    import logging
     import signal
     import threading
     import time
@@ -283,6 +284,13 @@ def run_command(graph_ref: str, lake_root: str, idle_exit: float | None, no_prog
         for r in runners:
             r.stop_event.set()
 
+    def quiet_py4j_after_stop(record: logging.LogRecord) -> bool:
+        # py4j logs every command the stopped JVM can no longer answer (with a traceback) on the
+        # root logger; after a stop request that is expected, and the step is left to recovery.
+        requested = stop.is_set() or any(r.stop_event.is_set() for r in runners)
+        return not (requested and f"{os.sep}py4j{os.sep}" in record.pathname)
+
+    logging.getLogger().addFilter(quiet_py4j_after_stop)
     # Installed for the whole command, so a stop during start-up (Spark takes seconds) is graceful
     # too; GraphRunner.run installs its own while it runs and puts these back.
     previous = {}
@@ -300,7 +308,8 @@ def run_command(graph_ref: str, lake_root: str, idle_exit: float | None, no_prog
     except Exception as exc:
         # A stop request that also took Spark's JVM down (SIGTERM to the process group) fails the
         # step in flight (or the start-up) with a platform error: no error row, retried on restart.
-        if not stop.is_set() or not (
+        requested = stop.is_set() or any(r.stop_event.is_set() for r in runners)
+        if not requested or not (
             isinstance(exc, PlatformStepError) or origin_of(exc, phase=Phase.MATERIALIZE) is Origin.PLATFORM
         ):
             raise
@@ -313,6 +322,7 @@ def run_command(graph_ref: str, lake_root: str, idle_exit: float | None, no_prog
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+        logging.getLogger().removeFilter(quiet_py4j_after_stop)
     elapsed = time.monotonic() - started
     why = (
         "stop requested"

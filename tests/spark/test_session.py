@@ -1,0 +1,53 @@
+"""get_spark makes Spark's Python workers run this interpreter unless the user chose another."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support import ROOT
+
+CHILD = """
+import os, sys
+from pyspark.sql import functions as F
+from pyspark.sql.types import StringType
+from cues_platform.spark import get_spark
+
+spark = get_spark()
+print("ENV", os.environ["PYSPARK_PYTHON"], os.environ["PYSPARK_DRIVER_PYTHON"], flush=True)
+# A pandas/Arrow UDF needs pyarrow on the worker: the PATH's python3 below has none.
+worker = F.pandas_udf(lambda s: s.map(lambda _: sys.executable), StringType())
+print("WORKER", spark.range(1).select(worker(F.col("id").cast("string"))).first()[0], flush=True)
+"""
+
+
+def test_workers_run_this_python_when_the_user_set_none(tmp_path: Path):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    for name in ("python3", "python"):  # what Spark runs by default: a python without pyarrow
+        script = fake / name
+        script.write_text("#!/bin/sh\necho 'not the python you want' >&2\nexit 3\n")
+        script.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
+    env.update(PATH=f"{fake}{os.pathsep}{env.get('PATH', '')}", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if line[:3] in ("ENV", "WOR"))
+    assert lines["ENV"] == f"{sys.executable} {sys.executable}"
+    assert lines["WORKER"] == sys.executable
+
+
+def test_a_python_the_user_chose_is_kept(monkeypatch):
+    from cues_platform.spark.session import SparkSettings, use_this_python
+
+    monkeypatch.setenv("PYSPARK_PYTHON", "/opt/team/python")
+    monkeypatch.setenv("PYSPARK_DRIVER_PYTHON", "/opt/team/python-driver")
+    use_this_python(SparkSettings())
+    assert os.environ["PYSPARK_PYTHON"] == "/opt/team/python"
+    assert os.environ["PYSPARK_DRIVER_PYTHON"] == "/opt/team/python-driver"
+    monkeypatch.delenv("PYSPARK_PYTHON")
+    use_this_python(SparkSettings(conf={"spark.pyspark.python": "/opt/conf/python"}))
+    assert "PYSPARK_PYTHON" not in os.environ  # spark.pyspark.python decides
