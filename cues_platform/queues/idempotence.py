@@ -11,8 +11,8 @@ carry everything; nothing is read from the rows:
 
 Delivery contract of one send of batch ``B`` under ``(producer id P, epoch E, sequence S)``:
 
-1. Open (once per instance): read ``pepoch:P`` (``e``, or none) and commit ``pepoch:P = e + 1``
-   alone; ``E = e + 1``. Two opens racing both carry ``pepoch:P``: delta-rs rejects the second
+1. Open (once per instance, before its first send): read ``pepoch:P`` (``e``, or none) and commit
+   ``pepoch:P = e + 1`` alone; ``E = e + 1``; then read ``prod:P`` for the next sequence. Two opens racing both carry ``pepoch:P``: delta-rs rejects the second
    with a concurrent-transaction conflict, which re-reads and takes the next epoch. Each opened
    instance therefore holds a distinct epoch, and the newest open holds the largest.
 2. Digest ``D = batch_digest(B)`` over the conformed Arrow payload (partitions sorted).
@@ -192,23 +192,22 @@ def _parse_ranges(text: str) -> dict[str, tuple[int, int]]:
 
 
 def idempotence_guard(
-    queue: Queue, *, producer_id: str, sequence: int, digest: str, epoch: int | None
+    queue: Queue, *, producer_id: str, sequence: int, digest: str, epoch: int
 ) -> Guard:
     """Step 4 (run by the appender on the snapshot its commit is built on)."""
 
     def guard(dt: DeltaTable) -> AppendResult | None:
-        if epoch is not None:
-            newest = dt.transaction_version(epoch_app_id(producer_id))
-            if newest is None or int(newest) != epoch:
-                raise ProducerFencedError(
-                    f"queue {queue.name!r}: producer {producer_id!r} (epoch {epoch}) was fenced: "
-                    f"a newer instance opened the same producer id (epoch {newest}); this instance "
-                    "cannot send again: stop it, or open a new producer (which fences the other)",
-                    queue=queue.name,
-                    producer_id=producer_id,
-                    epoch=epoch,
-                    newest=None if newest is None else int(newest),
-                )
+        newest = dt.transaction_version(epoch_app_id(producer_id))
+        if newest is None or int(newest) != epoch:
+            raise ProducerFencedError(
+                f"queue {queue.name!r}: producer {producer_id!r} (epoch {epoch}) was fenced: "
+                f"a newer instance opened the same producer id (epoch {newest}); this instance "
+                "cannot send again: stop it, or open a new producer (which fences the other)",
+                queue=queue.name,
+                producer_id=producer_id,
+                epoch=epoch,
+                newest=None if newest is None else int(newest),
+            )
         last = committed_sequence(queue, producer_id, dt)
         expected = 0 if last is None else last + 1
         if sequence == expected:
@@ -257,22 +256,28 @@ def idempotence_guard(
 
 # -- the per-instance state ----------------------------------------------------------------------
 class SequenceState:
-    """One producer instance's idempotence on one queue (steps 2, 3 and 6 of the contract)."""
+    """One producer instance's idempotence on one queue (steps 1, 2, 3 and 6 of the contract).
 
-    def __init__(self, queue: Queue, *, producer_id: str, epoch: int | None) -> None:
+    The epoch opens at the first send (or :meth:`open`): constructing a producer only to read
+    its next sequence commits nothing and fences nobody."""
+
+    def __init__(self, queue: Queue, *, producer_id: str) -> None:
         self.queue = queue
         self.producer_id = producer_id
-        self.epoch = epoch
+        self.epoch: int | None = None
         last = committed_sequence(queue, producer_id)
         self.next_sequence = 0 if last is None else last + 1
         self.pending: tuple[int, str] | None = None
         self.fenced: ProducerFencedError | None = None
 
-    @classmethod
-    def open(cls, queue: Queue, *, producer_id: str) -> SequenceState:
-        """Step 1, then read the committed sequence on a snapshot that includes the new epoch."""
-        epoch = open_epoch(queue, producer_id)
-        return cls(queue, producer_id=producer_id, epoch=epoch)
+    def open(self) -> int:
+        """Step 1 (once): open a new epoch, then read the committed sequence on a snapshot that
+        includes it (an older instance cannot commit after that)."""
+        if self.epoch is None:
+            self.epoch = open_epoch(self.queue, self.producer_id)
+            last = committed_sequence(self.queue, self.producer_id)
+            self.next_sequence = max(self.next_sequence, 0 if last is None else last + 1)
+        return self.epoch
 
     def check_usable(self) -> None:
         if self.fenced is not None:
@@ -297,6 +302,7 @@ class SequenceState:
     ) -> AppendResult:
         """Send prepared ``tables`` under the next (or the given) sequence."""
         self.check_usable()
+        self.open()
         # Step 2
         digest = batch_digest(
             tables,
@@ -319,7 +325,6 @@ class SequenceState:
             seq = pending_seq
         else:
             seq = self.next_sequence if sequence is None else sequence
-        epoch_txn = [] if self.epoch is None else [(epoch_app_id(self.producer_id), self.epoch)]
         try:
             # Steps 4-5
             result = append_batches(
@@ -341,7 +346,7 @@ class SequenceState:
                 digest=digest,
                 app_transactions=[
                     (producer_app_id(self.producer_id), seq),
-                    *epoch_txn,
+                    (epoch_app_id(self.producer_id), self.epoch),
                     *app_transactions,
                 ],
                 **options,

@@ -5,8 +5,8 @@
   (after ``linger_seconds``) or an explicit ``flush()`` commits everything buffered as one batch.
   A crash loses what was buffered but not flushed; nothing is ever written twice.
 
-Idempotence (the numbered contract is in ``idempotence.py``): opening a producer bumps the epoch
-of its id and fences older instances (their next send raises :class:`ProducerFencedError`). Each
+Idempotence (the numbered contract is in ``idempotence.py``): opening a producer (its first send,
+or ``open()``) bumps the epoch of its id and fences older instances (their next send raises :class:`ProducerFencedError`). Each
 batch has a sequence number and a digest of its content, committed atomically with the batch.
 Resending a committed sequence with the same content (the acknowledgement was lost) returns the
 original offsets with ``duplicate=True`` and writes nothing; different content raises
@@ -48,8 +48,8 @@ class Acks(StrEnum):
 class Producer:
     """An idempotent producer to one queue (``Acks.ALL``: ``send`` waits for the commit).
 
-    Constructing one opens a new epoch of ``producer_id`` (one small commit) and fences every
-    older instance of the same id. ``hook`` is called with ``"committed"`` right after each commit,
+    Its first send (or :meth:`open`) opens a new epoch of ``producer_id`` (one small commit) and
+    fences every older instance of the same id; constructing one only reads ``next_sequence``. ``hook`` is called with ``"committed"`` right after each commit,
     before ``send`` returns: an exception there is a lost acknowledgement (crash tests use it).
     """
 
@@ -64,13 +64,19 @@ class Producer:
         self.producer_id = validate_id(
             producer_id or f"anon-{uuid.uuid4().hex}", kind="producer id"
         )
-        self._state = SequenceState.open(queue, producer_id=self.producer_id)
+        self._state = SequenceState(queue, producer_id=self.producer_id)
         self._hook = hook or (lambda _step: None)
         self._lock = threading.Lock()
 
     @property
     def epoch(self) -> int | None:
         return self._state.epoch
+
+    def open(self) -> int:
+        """Open this instance's epoch now (the first send does it otherwise); return it."""
+        with self._lock:
+            self._state.check_usable()
+            return self._state.open()
 
     @property
     def next_sequence(self) -> int:

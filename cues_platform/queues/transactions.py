@@ -288,7 +288,7 @@ class TransactionalProducer:
         tables = prepare_batches(queue, batches)
         sender = self._senders.get(queue.name)
         if sender is None:
-            sender = SequenceState.open(queue, producer_id=self.producer_id)
+            sender = SequenceState(queue, producer_id=self.producer_id)
             self._senders[queue.name] = sender
         self._touched[queue.name] = queue
         return sender.send(

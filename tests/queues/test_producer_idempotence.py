@@ -131,8 +131,10 @@ def test_async_producer_resends_a_lost_ack_once_and_keeps_the_duplicate_flag(mak
 def test_async_producer_that_was_fenced_fails_its_futures(make_queue) -> None:
     q = make_queue()
     old = q.producer(producer_id="fast", acks="none", linger_seconds=3600)
+    old.open()
     pending = old.send(rows(0, 1), partition="0")
     new = q.producer(producer_id="fast")
+    new.open()  # what its first send would do
     with pytest.raises(ProducerFencedError):
         old.flush()
     with pytest.raises(ProducerFencedError):
@@ -149,13 +151,15 @@ def test_a_fenced_producer_cannot_send_again(make_queue) -> None:
     old = q.producer(producer_id="p")
     old.send(rows(0, 1), partition="0")
     new = q.producer(producer_id="p")
-    assert new.epoch == old.epoch + 1 and new.next_sequence == 1
+    assert new.epoch is None  # constructing reads the next sequence only: nobody is fenced yet
+    assert old.send(rows(1, 1), partition="0").ranges == {"0": (1, 2)}
+    assert new.open() == old.epoch + 1 and new.next_sequence == 2
     for _ in range(2):  # final: not retryable for this instance
         with pytest.raises(ProducerFencedError) as info:
-            old.send(rows(1, 1), partition="0")
+            old.send(rows(2, 1), partition="0")
         assert not info.value.retryable and "open a new producer" in str(info.value)
         assert (info.value.producer_id, info.value.epoch) == ("p", old.epoch)
-    assert new.send(rows(1, 1), partition="0").ranges == {"0": (1, 2)}
+    assert new.send(rows(2, 1), partition="0").ranges == {"0": (2, 3)}
 
 
 def test_a_gap_after_a_resend_is_still_a_sequence_error(make_queue) -> None:
