@@ -322,3 +322,23 @@ def test_digest_is_the_same_in_another_process(make_queue, run_python) -> None:
         "print(batch_digest(prepare_batches(q, {'0': rows(0, 50)})))\n"
     )
     assert run_python(code, q.lake.root).stdout.strip() == here
+
+
+def test_digest_of_nulls_does_not_depend_on_the_builder(make_queue) -> None:
+    """pandas leaves NaN under a null float slot, a list of rows leaves 0.0: same digest."""
+    import pandas as pd
+
+    from cues_platform.queues.appender import prepare_batches
+    from cues_platform.queues.idempotence import batch_digest
+
+    schema = pa.schema([("amount", pa.float64()), ("when", pa.timestamp("us", tz="UTC"))])
+    q = make_queue("amounts", schema=schema)
+    from_rows = [{"amount": None, "when": None}, {"amount": 1.5, "when": None}]
+    from_pandas = pd.DataFrame(
+        {"amount": [float("nan"), 1.5], "when": pd.to_datetime([None, None], utc=True)}
+    )
+    a = batch_digest(prepare_batches(q, {"0": from_rows}))
+    b = batch_digest(prepare_batches(q, {"0": from_pandas}))
+    assert a == b
+    zero = [{"amount": 0.0, "when": None}, {"amount": 1.5, "when": None}]  # 0.0 is not null
+    assert a != batch_digest(prepare_batches(q, {"0": zero}))
