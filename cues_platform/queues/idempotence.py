@@ -62,6 +62,7 @@ from cues_platform.queues.errors import (
     SequenceError,
     SequenceMismatchError,
 )
+from cues_platform.queues.schema import DEFAULT_MESSAGE_TYPE
 
 if TYPE_CHECKING:
     from cues_platform.queues.queue import Queue
@@ -306,7 +307,11 @@ class SequenceState:
         # Step 2
         digest = batch_digest(
             tables,
-            header=[options.get("message_type"), options.get("delivery_hash"), options.get("txn_id")],
+            header=[
+                options.get("message_type", DEFAULT_MESSAGE_TYPE),
+                options.get("delivery_hash"),
+                options.get("txn_id"),
+            ],
         )
         # Step 3
         if self.pending is not None:
