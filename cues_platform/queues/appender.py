@@ -4,15 +4,17 @@ Delivery contract of :func:`append_batches` (every retry starts again at step 1)
 
 1. Load the newest snapshot of the queue table (``Queue.refresh``: one stat() when nothing is new
    on a local lake, else ``update_incremental``, O(new commits)).
-2. Run the guards on that snapshot. The idempotent producer's guard compares the batch's sequence
-   with the producer's app transaction: an already committed sequence makes the whole call a no-op
-   that returns the original offsets; a gap or a regression raises :class:`SequenceError`.
-   Other guards (processor steps, fencing epochs) work the same way.
+2. Run the guards on that snapshot. The idempotent producer's guard (``idempotence.py``) checks
+   its epoch (fencing), then compares the batch's sequence with the producer's app transaction: an
+   already committed sequence with the same batch digest makes the whole call a no-op that returns
+   the original offsets; a different digest, a gap or a regression raises a :class:`SequenceError`.
+   Other guards (processor steps) work the same way.
 3. For each partition, read its next offset from its app transaction ``part:{partition}`` and number
    the rows ``next, next+1, ...``.
 4. Write the Parquet files and commit them in ONE Delta commit that also carries the app
    transactions ``part:{partition} = next + rows`` (one per written partition), the producer's
-   ``prod:{id} = sequence`` and any extra ones, and the commit metadata.
+   ``prod:{id} = sequence`` and ``pepoch:{id} = epoch`` and any extra ones, and the commit metadata
+   (``cues.producer = {id}#{sequence}``, ``cues.digest``, ``cues.ranges``).
 5. If another writer committed an app transaction with the same id since step 1 (it took the same
    offsets, or it is another instance of the same producer), delta-rs rejects the commit with a
    concurrent-transaction conflict: back off with jitter and go to 1. Writers to other partitions
@@ -102,6 +104,7 @@ class AppendOptions:
     producer_id: str | None = None
     sequence: int | None = None
     delivery_hash: str | None = None
+    digest: str | None = None  # the idempotent producer's batch digest (idempotence.py)
     message_type: str = DEFAULT_MESSAGE_TYPE
     txn_id: str | None = None
     app_transactions: Sequence[tuple[str, int]] = ()
@@ -167,6 +170,8 @@ def append_batches(
         metadata["cues.producer"] = f"{opts.producer_id}#{opts.sequence}"
     if opts.delivery_hash is not None:
         metadata["cues.hash"] = opts.delivery_hash
+    if opts.digest is not None:
+        metadata["cues.digest"] = opts.digest
     delay = 0.002
     for attempt in range(1, max_attempts + 1):
         # Step 1

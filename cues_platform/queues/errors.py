@@ -45,6 +45,20 @@ class SequenceError(QueueError):
     """An idempotent producer sent a sequence number out of order (a gap or a regression)."""
 
 
+class SequenceMismatchError(SequenceError):
+    """A resend of a committed (producer id, sequence) whose content differs from what was stored.
+
+    Carries ``queue``, ``producer_id``, ``sequence``, ``digest`` (of the resend) and
+    ``stored_digest``. Nothing was written and nothing was acknowledged."""
+
+
+class PendingSendError(SequenceError):
+    """A send failed (its commit may have landed); the producer accepts only the same batch again.
+
+    Carries ``producer_id`` and ``pending_sequence``. Resend the same batch, or open a new
+    producer (which reads what was committed)."""
+
+
 class OffsetRangeError(QueueError):
     """A read asked for offsets outside what the partition holds."""
 
@@ -56,7 +70,9 @@ class ConcurrentAppendError(QueueError):
 
 
 class ProducerFencedError(QueueError):
-    """A newer instance of this transactional id started; this instance must stop."""
+    """A newer instance of this producer id (or transactional id) started; this instance must stop.
+
+    Not retryable for this instance: open a new producer (which fences the other one in turn)."""
 
 
 class TransactionStateError(QueueError):

@@ -5,31 +5,39 @@
   (after ``linger_seconds``) or an explicit ``flush()`` commits everything buffered as one batch.
   A crash loses what was buffered but not flushed; nothing is ever written twice.
 
-Idempotence: each batch has a sequence number, committed atomically with the batch as the app
-transaction ``prod:{producer_id}``. Resending a committed sequence (the acknowledgement was lost)
-returns the original offsets and writes nothing; a gap raises :class:`SequenceError`.
+Idempotence (the numbered contract is in ``idempotence.py``): opening a producer (its first send,
+or ``open()``) bumps the epoch of its id and fences older instances (their next send raises :class:`ProducerFencedError`). Each
+batch has a sequence number and a digest of its content, committed atomically with the batch.
+Resending a committed sequence with the same content (the acknowledgement was lost) returns the
+original offsets with ``duplicate=True`` and writes nothing; different content raises
+:class:`SequenceMismatchError`; a gap raises :class:`SequenceError`. After a failed send the only
+accepted call is the same batch again (:class:`PendingSendError` otherwise) or a new producer.
 """
 
 from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
-from deltalake import DeltaTable
 
-from cues_platform.queues.appender import AppendResult, append_batches, prepare_batches
-from cues_platform.queues.errors import QueueError, SequenceError
+from cues_platform.queues.appender import AppendResult, prepare_batches
+from cues_platform.queues.errors import (
+    ProducerFencedError,
+    QueueError,
+    SequenceError,
+)
+from cues_platform.queues.idempotence import SequenceState, producer_app_id
 from cues_platform.queues.names import validate_id
-from cues_platform.queues.schema import OFFSET, PARTITION, PRODUCER_ID, PRODUCER_SEQ
 
 if TYPE_CHECKING:
     from cues_platform.queues.queue import Queue
+
+__all__ = ["Acks", "AsyncProducer", "PendingAppend", "Producer", "make_producer", "producer_app_id"]
 
 
 class Acks(StrEnum):
@@ -37,68 +45,47 @@ class Acks(StrEnum):
     NONE = "none"
 
 
-def producer_app_id(producer_id: str) -> str:
-    return f"prod:{producer_id}"
-
-
-def find_sequence(
-    queue: Queue, dt: DeltaTable, producer_id: str, sequence: int
-) -> dict[str, tuple[int, int]]:
-    """Offsets written by ``(producer_id, sequence)``, per partition (empty if none)."""
-    dataset = dt.to_pyarrow_dataset()
-    expr = (pc.field(PRODUCER_ID) == producer_id) & (pc.field(PRODUCER_SEQ) == sequence)
-    rows = dataset.to_table(columns=[PARTITION, OFFSET], filter=expr)
-    out: dict[str, tuple[int, int]] = {}
-    for part in set(rows[PARTITION].to_pylist()):
-        offs = rows.filter(pc.equal(rows[PARTITION], part))[OFFSET]
-        out[part] = (pc.min(offs).as_py(), pc.max(offs).as_py() + 1)
-    return out
-
-
-def sequence_guard(queue: Queue, producer_id: str, sequence: int):
-    """The idempotence check run on every append attempt (appender step 2)."""
-
-    def guard(dt: DeltaTable) -> AppendResult | None:
-        last = dt.transaction_version(producer_app_id(producer_id))
-        expected = 0 if last is None else int(last) + 1
-        if sequence == expected:
-            return None
-        if sequence > expected:
-            raise SequenceError(
-                f"queue {queue.name!r}: producer {producer_id!r} sent sequence {sequence} but the "
-                f"next expected is {expected} (a gap: batches {expected}..{sequence - 1} were never "
-                "committed); resend them in order",
-                queue=queue.name,
-                producer_id=producer_id,
-                sequence=sequence,
-                expected=expected,
-            )
-        ranges = find_sequence(queue, dt, producer_id, sequence)
-        if not ranges:
-            raise SequenceError(
-                f"queue {queue.name!r}: producer {producer_id!r} sent sequence {sequence}, which is "
-                f"behind the committed {expected - 1} and matches no stored batch (out of order)",
-                queue=queue.name,
-                producer_id=producer_id,
-                sequence=sequence,
-                expected=expected,
-            )
-        return AppendResult(queue=queue.name, ranges=ranges, duplicate=True)
-
-    return guard
-
-
 class Producer:
-    """An idempotent producer to one queue (``Acks.ALL``: ``send`` waits for the commit)."""
+    """An idempotent producer to one queue (``Acks.ALL``: ``send`` waits for the commit).
 
-    def __init__(self, queue: Queue, *, producer_id: str | None = None) -> None:
+    Its first send (or :meth:`open`) opens a new epoch of ``producer_id`` (one small commit) and
+    fences every older instance of the same id; constructing one only reads ``next_sequence``. ``hook`` is called with ``"committed"`` right after each commit,
+    before ``send`` returns: an exception there is a lost acknowledgement (crash tests use it).
+    """
+
+    def __init__(
+        self,
+        queue: Queue,
+        *,
+        producer_id: str | None = None,
+        hook: Callable[[str], None] | None = None,
+    ) -> None:
         self.queue = queue
         self.producer_id = validate_id(
             producer_id or f"anon-{uuid.uuid4().hex}", kind="producer id"
         )
-        last = queue.refresh().transaction_version(producer_app_id(self.producer_id))
-        self.next_sequence = 0 if last is None else int(last) + 1
+        self._state = SequenceState(queue, producer_id=self.producer_id)
+        self._hook = hook or (lambda _step: None)
         self._lock = threading.Lock()
+
+    @property
+    def epoch(self) -> int | None:
+        return self._state.epoch
+
+    def open(self) -> int:
+        """Open this instance's epoch now (the first send does it otherwise); return it."""
+        with self._lock:
+            self._state.check_usable()
+            return self._state.open()
+
+    @property
+    def next_sequence(self) -> int:
+        return self._state.next_sequence
+
+    @property
+    def pending_sequence(self) -> int | None:
+        """The sequence of a failed send that must be resent before anything else (or None)."""
+        return None if self._state.pending is None else self._state.pending[0]
 
     def send(
         self, data: Any, *, partition: str, sequence: int | None = None, **options: Any
@@ -111,28 +98,16 @@ class Producer:
     ) -> AppendResult:
         """Append ``{partition: batch}`` in one commit under the next (or the given) sequence.
 
-        Passing ``sequence`` explicitly is how a resend after a lost acknowledgement is made: the
-        same sequence returns the original offsets.
+        Passing ``sequence`` explicitly is how a resend after a lost acknowledgement is made from a
+        new producer: the same sequence with the same content returns the original offsets.
         """
+        prepared = options.pop("prepared", False)
         with self._lock:
-            seq = self.next_sequence if sequence is None else sequence
-            result = append_batches(
-                self.queue,
-                batches,
-                guards=[
-                    sequence_guard(self.queue, self.producer_id, seq),
-                    *options.pop("guards", []),
-                ],
-                producer_id=self.producer_id,
-                sequence=seq,
-                app_transactions=[
-                    (producer_app_id(self.producer_id), seq),
-                    *options.pop("app_transactions", []),
-                ],
-                **options,
+            self._state.check_usable()
+            tables = dict(batches) if prepared else prepare_batches(self.queue, batches)
+            return self._state.send(
+                tables, sequence=sequence, after_commit=lambda: self._hook("committed"), **options
             )
-            self.next_sequence = max(self.next_sequence, seq + 1)
-            return result
 
     def flush(self) -> None:
         """Nothing is buffered with ``Acks.ALL``."""
@@ -148,11 +123,27 @@ class Producer:
 
 
 class PendingAppend(Future):
-    """The offsets of a buffered send, known once its flush commits."""
+    """The offsets of a buffered send, known once its flush commits (``duplicate`` kept)."""
+
+
+Item = tuple[str, pa.Table, PendingAppend]
 
 
 class AsyncProducer(Producer):
-    """``Acks.NONE``: buffer sends, commit them on ``flush()`` or after ``linger_seconds``."""
+    """``Acks.NONE``: buffer sends, commit them on ``flush()`` or after ``linger_seconds``.
+
+    Delivery contract of a flush:
+
+    1. If a previous flush failed in a way that may have committed, send that same merged batch
+       again first (same sequence, same digest): it is written once, or found with
+       ``duplicate=True``. Its futures stay unresolved until then.
+    2. Merge what is buffered into one batch per partition and send it under the next sequence.
+    3. On success resolve each future with its own offsets and the ``duplicate`` flag.
+    4. On a refusal that proves nothing was written (fenced, sequence or digest mismatch) fail the
+       futures with that error. On any other error keep the batch for step 1 and raise it from
+       ``flush()``; ``close()`` fails what is still unresolved after its last try. A future never
+       resolves OK for data whose digest the log does not hold.
+    """
 
     def __init__(
         self,
@@ -161,16 +152,18 @@ class AsyncProducer(Producer):
         producer_id: str | None = None,
         linger_seconds: float = 0.05,
         max_buffered_rows: int = 100_000,
+        hook: Callable[[str], None] | None = None,
     ) -> None:
-        super().__init__(queue, producer_id=producer_id)
+        super().__init__(queue, producer_id=producer_id, hook=hook)
         self.linger_seconds = linger_seconds
         self.max_buffered_rows = max_buffered_rows
-        self._buffer: list[tuple[str, pa.Table, PendingAppend]] = []
+        self._buffer: list[Item] = []
         self._rows = 0
         self._cond = threading.Condition()
         self._closed = False
         self._commit_lock = threading.Lock()
         self._error: BaseException | None = None
+        self._retry: tuple[dict[str, pa.Table], list[Item]] | None = None
         self._thread = threading.Thread(
             target=self._run, name=f"cues-producer-{self.producer_id}", daemon=True
         )
@@ -183,9 +176,8 @@ class AsyncProducer(Producer):
             raise QueueError(
                 "an async producer assigns sequences itself; use Acks.ALL to pass them"
             )
-        table = prepare_batches(self.queue, {partition: data})[
-            partition
-        ]  # bad input fails here, now
+        self._state.check_usable()
+        table = prepare_batches(self.queue, {partition: data})[partition]  # bad input fails now
         pending = PendingAppend()
         with self._cond:
             if self._closed:
@@ -198,25 +190,25 @@ class AsyncProducer(Producer):
                 self._cond.notify_all()
         return pending
 
-    def _take(self) -> list[tuple[str, pa.Table, PendingAppend]]:
+    def _take(self) -> list[Item]:
         with self._cond:
             items, self._buffer, self._rows = self._buffer, [], 0
             return items
 
-    def _commit(self, items: list[tuple[str, pa.Table, PendingAppend]]) -> None:
-        if not items:
-            return
-        by_part: dict[str, list[pa.Table]] = {}
-        for partition, table, _ in items:
-            by_part.setdefault(partition, []).append(table)
+    def _deliver(self, tables: dict[str, pa.Table], items: list[Item]) -> None:
         try:
-            result = Producer.send_many(
-                self, {p: pa.concat_tables(ts) for p, ts in by_part.items()}, prepared=True
-            )
-        except BaseException as exc:
+            result = Producer.send_many(self, tables, prepared=True)
+        except (ProducerFencedError, SequenceError) as exc:
+            # Step 4: refused before any commit
+            self._retry = None
             for _, _, pending in items:
                 pending.set_exception(exc)
             raise
+        except BaseException:
+            self._retry = (tables, items)  # Step 4: may have committed; resent by step 1
+            raise
+        self._retry = None
+        # Step 3
         cursor = {p: start for p, (start, _) in result.ranges.items()}
         for partition, table, pending in items:
             start = cursor[partition]
@@ -226,12 +218,23 @@ class AsyncProducer(Producer):
                     queue=self.queue.name,
                     ranges={partition: (start, start + table.num_rows)},
                     version=result.version,
+                    duplicate=result.duplicate,
                 )
             )
 
     def _flush_once(self) -> None:
         with self._commit_lock:  # keeps buffered sends in order across the thread and flush()
-            self._commit(self._take())
+            # Step 1
+            if self._retry is not None:
+                self._deliver(*self._retry)
+            # Step 2
+            items = self._take()
+            if not items:
+                return
+            by_part: dict[str, list[pa.Table]] = {}
+            for partition, table, _ in items:
+                by_part.setdefault(partition, []).append(table)
+            self._deliver({p: pa.concat_tables(ts) for p, ts in by_part.items()}, items)
 
     def _run(self) -> None:
         while True:
@@ -258,7 +261,17 @@ class AsyncProducer(Producer):
             self._closed = True
             self._cond.notify_all()
         self._thread.join()
-        self.flush()
+        try:
+            self.flush()
+        except BaseException as exc:
+            # Step 4: nothing resolves OK after close; what may have committed is reported
+            with self._commit_lock:
+                left = ([] if self._retry is None else self._retry[1]) + self._take()
+                self._retry = None
+            for _, _, pending in left:
+                if not pending.done():
+                    pending.set_exception(exc)
+            raise
 
 
 def make_producer(

@@ -76,8 +76,39 @@ def payload_schema_of(table_schema: pa.Schema) -> pa.Schema:
     return pa.schema([f for f in table_schema if f.name not in RESERVED])
 
 
-def to_table(data: Any, *, queue: str) -> pa.Table:
-    """Accept a pyarrow Table/RecordBatch, a pandas DataFrame, a dict of columns or a list of rows."""
+def check_rows(rows: list[Mapping[str, Any]], payload: pa.Schema, *, queue: str) -> None:
+    """Every row dict must have exactly the payload's keys (no typo, no extra, none missing)."""
+    expected = set(payload.names)
+    for index, row in enumerate(rows):
+        keys = row.keys()
+        if keys == expected:
+            continue
+        missing = [n for n in payload.names if n not in keys]
+        extra = sorted(str(k) for k in keys if k not in expected)
+        if any(k.startswith("_") for k in extra):
+            raise ReservedColumnError(
+                f"queue {queue!r}: row {index} sets reserved key(s) "
+                f"{[k for k in extra if k.startswith('_')]}; the queue fills metadata itself, "
+                "drop them",
+                queue=queue,
+                row=index,
+                column=next(k for k in extra if k.startswith("_")),
+            )
+        raise SchemaError(
+            f"queue {queue!r}: row {index} does not match the queue's schema (missing key(s): "
+            f"{missing or 'none'}; unexpected key(s): {extra or 'none'}); every row needs exactly "
+            f"the keys {payload.names} (a missing value is None, not a missing key)",
+            queue=queue,
+            row=index,
+            missing=missing,
+            unexpected=extra,
+        )
+
+
+def to_table(data: Any, *, queue: str, payload: pa.Schema | None = None) -> pa.Table:
+    """Accept a pyarrow Table/RecordBatch, a pandas DataFrame, a dict of columns or a list of rows.
+
+    With ``payload``, each row of a list of rows is checked against it (:func:`check_rows`)."""
     if isinstance(data, pa.Table):
         return data
     if isinstance(data, pa.RecordBatch):
@@ -94,6 +125,8 @@ def to_table(data: Any, *, queue: str) -> pa.Table:
             raise SchemaError(
                 f"queue {queue!r}: rows must be mappings of column to value", queue=queue
             )
+        if payload is not None:
+            check_rows(rows, payload, queue=queue)
         return pa.Table.from_pylist(rows)
     raise SchemaError(
         f"queue {queue!r}: cannot append a {type(data).__name__}; pass a pyarrow Table, a pandas "
@@ -104,7 +137,7 @@ def to_table(data: Any, *, queue: str) -> pa.Table:
 
 def conform(data: Any, payload: pa.Schema, *, queue: str, max_rows: int) -> pa.Table:
     """Return ``data`` as a table of exactly ``payload`` (columns in order, types cast safely)."""
-    table = to_table(data, queue=queue)
+    table = to_table(data, queue=queue, payload=payload)
     if table.num_rows == 0:
         raise BatchError(f"queue {queue!r}: the batch is empty; send at least one row", queue=queue)
     if table.num_rows > max_rows:

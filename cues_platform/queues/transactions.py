@@ -10,6 +10,11 @@ Delivery contract of one transaction:
    is still the newest, and the previous transaction is decided).
 2. ``send``: ordinary appends (dense offsets, one commit each) whose rows carry ``_txn_id``.
    ``read_uncommitted`` readers see them at once; ``read_committed`` readers stop before them.
+   Each send is idempotent (``idempotence.py``) under the producer id ``txn:{transactional id}``
+   on that queue: the instance opens its own epoch there on its first send (fencing a zombie
+   instance's sends on that queue), numbers its sends, and a send that failed (its commit may have
+   landed: a lost acknowledgement) must be resent as is, which writes it at most once; ``commit``
+   refuses while such a send is unresolved, ``abort`` forgets it.
 3. ``commit`` / ``abort``: ONE coordinator commit sets ``txn:{id}`` to 1 or 2. This is the decision;
    it is atomic, happens once (a concurrent decision on the same id conflicts), and is refused if a
    newer instance has fenced this one.
@@ -40,12 +45,13 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from cues_platform.queues.appender import AppendResult, append_batches
+from cues_platform.queues.appender import AppendResult, prepare_batches
 from cues_platform.queues.errors import (
     ConcurrentAppendError,
     ProducerFencedError,
     TransactionStateError,
 )
+from cues_platform.queues.idempotence import SequenceState
 from cues_platform.queues.lake import Lake
 from cues_platform.queues.names import validate_id
 from cues_platform.queues.positions import open_system_table
@@ -197,7 +203,13 @@ class TransactionalProducer:
         self.epoch: int | None = None
         self.txn_id: str | None = None
         self._touched: dict[str, Queue] = {}
+        self._senders: dict[str, SequenceState] = {}
         self._hook = hook or (lambda _step: None)
+
+    @property
+    def producer_id(self) -> str:
+        """The idempotent producer id of this transactional id's sends on each queue."""
+        return f"txn:{self.transactional_id}"
 
     @property
     def _tid(self) -> str:
@@ -220,6 +232,7 @@ class TransactionalProducer:
 
     def init_transactions(self) -> int:
         """Fence older instances, finish the last transaction they left, and return the epoch."""
+        self._senders = {}  # a re-init opens new epochs on the queues at its first send
         dt = self.coordinator.snapshot()
         current = dt.transaction_version(self._tid)
         self.epoch = 0 if current is None else int(current) + 1
@@ -272,10 +285,15 @@ class TransactionalProducer:
         if self.txn_id is None:
             raise TransactionStateError("send() outside a transaction: call begin() first")
         self._check_epoch(self.coordinator.snapshot())
+        tables = prepare_batches(queue, batches)
+        sender = self._senders.get(queue.name)
+        if sender is None:
+            sender = SequenceState(queue, producer_id=self.producer_id)
+            self._senders[queue.name] = sender
         self._touched[queue.name] = queue
-        result = append_batches(queue, batches, txn_id=self.txn_id, **options)
-        self._hook("sent")
-        return result
+        return sender.send(
+            tables, txn_id=self.txn_id, after_commit=lambda: self._hook("sent"), **options
+        )
 
     def commit(self) -> None:
         self._finish(TxnStatus.COMMITTED)
@@ -287,7 +305,19 @@ class TransactionalProducer:
         if self.txn_id is None:
             raise TransactionStateError("no open transaction to commit or abort")
         txn, queues = self.txn_id, sorted(self._touched)
+        unresolved = {
+            name: state.pending[0] for name, state in self._senders.items() if state.pending
+        }
+        if unresolved and status is TxnStatus.COMMITTED:
+            raise TransactionStateError(
+                f"transaction {txn}: a send failed and may or may not have been written "
+                f"(queue: pending sequence {unresolved}); resend the same batch, or abort",
+                txn_id=txn,
+                pending=unresolved,
+            )
         self._decide(txn, status, queues=queues)
+        for name in unresolved:
+            self._senders[name].reset()
         self._hook("decided")
         self._roll_forward(txn, status, queues)
         self._hook("rolled_forward")

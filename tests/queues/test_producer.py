@@ -41,23 +41,31 @@ def test_sequence_gap_is_rejected_and_writes_nothing(make_queue) -> None:
 
 
 def test_concurrent_instances_of_one_producer_write_a_sequence_once(make_queue, lake) -> None:
+    """Four instances of one producer id race on sequence 0: each open fences the ones before it,
+    so the fenced ones raise; whoever gets through writes the batch once (issue 9: fencing)."""
     import threading
 
+    from cues_platform.queues import ProducerFencedError
+
     q = make_queue()
-    results = []
+    results, fenced = [], []
 
     def send() -> None:
-        results.append(
-            lake.queue("events")
-            .producer(producer_id="p")
-            .send(rows(0, 4), partition="0", sequence=0)
-        )
+        try:
+            results.append(
+                lake.queue("events")
+                .producer(producer_id="p")
+                .send(rows(0, 4), partition="0", sequence=0)
+            )
+        except ProducerFencedError as exc:
+            fenced.append(exc)
 
     threads = [threading.Thread(target=send) for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    assert len(results) + len(fenced) == 4 and results
     assert q.count() == 4
     assert sum(not r.duplicate for r in results) == 1
     assert {tuple(r.ranges["0"]) for r in results} == {(0, 4)}
