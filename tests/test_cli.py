@@ -19,8 +19,8 @@ from cues_platform.audit import audit
 from cues_platform.cli import main
 from cues_platform.processing.loader import load_graph
 from cues_platform.queues import Lake
+from tests.audit.lakes import MODULE, ORDERS, orders, seed, write_graph
 from tests.support import ROOT
-from tests.test_audit import MODULE, ORDERS, orders, seed, write_graph
 
 SUBPROCESS_TIMEOUT = 240
 
