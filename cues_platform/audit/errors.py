@@ -21,11 +21,27 @@ class NoSuchProcessorError(AuditError):
     """No backing queue for this processor id: it is not exactly-once or never ran here."""
 
 
-class UnreadableTableError(AuditError):
-    """A queue or backing table cannot be opened or read: its log or a data file is missing,
-    truncated or corrupt (or the storage refused the read). Carries ``table`` (the queue name or
+class TableStorageError(AuditError):
+    """The storage failed a queue or backing table. Carries ``table`` (the queue name or
     ``backing/{processor}``), ``uri``, ``file`` (when known) and ``reason``. Retrying does not
-    help until the table is repaired; a permission error is fixed by the permissions."""
+    help until the table (or the permissions) are repaired."""
 
 
-__all__ = ["AuditError", "LakeNotFoundError", "NoSuchProcessorError", "UnreadableTableError"]
+class UnreadableTableError(TableStorageError):
+    """A table cannot be opened or read: its log or a data file is missing, truncated or corrupt,
+    or the storage refused the read."""
+
+
+class UnwritableTableError(TableStorageError):
+    """A write to a table failed in the storage: a read-only lake, a full disk, a path that is a
+    file where a folder belongs."""
+
+
+__all__ = [
+    "AuditError",
+    "LakeNotFoundError",
+    "NoSuchProcessorError",
+    "TableStorageError",
+    "UnreadableTableError",
+    "UnwritableTableError",
+]

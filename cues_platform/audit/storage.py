@@ -20,7 +20,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 from pyarrow import fs
 
-from cues_platform.audit.errors import UnreadableTableError
+from cues_platform.audit.errors import UnreadableTableError, UnwritableTableError
 from cues_platform.audit.report import CORRUPT_LOG, UNREADABLE, Violation
 from cues_platform.queues import Lake, Queue
 from cues_platform.queues.errors import QueueError, QueueNotFoundError
@@ -53,8 +53,9 @@ def file_of(exc: BaseException) -> str | None:
 
 
 def _hint(exc: BaseException) -> str:
-    if isinstance(exc, PermissionError) or "ermission denied" in str(exc):
-        return "give this user access to the lake's files (or use another --lake)"
+    text = str(exc)
+    if isinstance(exc, PermissionError) or "ermission denied" in text or "Read-only file" in text:
+        return "the lake is not writable (or readable) by this user: fix its permissions or mount"
     if isinstance(exc, NotADirectoryError):
         return "a path inside the lake is a file where a folder belongs: check --lake"
     if isinstance(exc, FileNotFoundError):
@@ -71,6 +72,16 @@ def unreadable_error(exc: BaseException, *, table: str, uri: str) -> UnreadableT
     where = f" (file {file})" if file and file not in reason else ""
     return UnreadableTableError(
         f"cannot read {table} at {uri}: {reason}{where}; {_hint(exc)}",
+        table=table, uri=uri, file=file, reason=reason,
+    )  # fmt: skip
+
+
+def unwritable_error(exc: BaseException, *, table: str, uri: str) -> UnwritableTableError:
+    """One clear error for a storage exception raised while writing ``table``."""
+    reason, file = first_line(exc), file_of(exc)
+    where = f" (file {file})" if file and file not in reason else ""
+    return UnwritableTableError(
+        f"cannot write to {table} at {uri}: {reason}{where}; {_hint(exc)}",
         table=table, uri=uri, file=file, reason=reason,
     )  # fmt: skip
 
@@ -112,12 +123,18 @@ def check_table(
             return None, [], [f"{uri} is an empty folder, not a table: remove it"]
         return None, [bad(
             UNREADABLE,
-            f"{table} at {uri} holds data files but no Delta log (_delta_log is missing): its "
-            "messages cannot be read; restore _delta_log from a backup, never recreate the table "
-            "over the files",
+            f"{table} at {uri} holds data files but no Delta log ({join_uri(uri, '_delta_log')} "
+            "is missing): its messages cannot be read; restore _delta_log from a backup, never "
+            "recreate the table over the files",
             file=join_uri(uri, "_delta_log"),
         )], []  # fmt: skip
     except STORAGE_ERRORS as exc:
+        try:  # name the damaged commit file when the log's own files show it
+            damaged = _commit_problems(table, uri, None)
+        except STORAGE_ERRORS:
+            damaged = []
+        if damaged:
+            return None, [bad(UNREADABLE, m, file=f) for m, f in damaged], []
         return None, [unreadable_violation(exc, table=table, uri=uri, processor=processor)], []
     except QueueError as exc:  # not a cues queue, or a folder whose name no queue can have
         return None, [bad(UNREADABLE, f"{table} at {uri}: {exc}")], []
@@ -145,7 +162,9 @@ def unreadable_violation(
     return Violation(UNREADABLE, err.message, processor=processor, queue=table, file=err.file)
 
 
-def _commit_problems(table: str, uri: str, dt: DeltaTable) -> list[tuple[str, str]]:
+def _commit_problems(table: str, uri: str, dt: DeltaTable | None) -> list[tuple[str, str]]:
+    """Empty or unparsable commit files after the snapshot's checkpoint (``dt`` None: a table
+    that does not open; every commit after the newest checkpoint)."""
     filesystem, log = _filesystem(join_uri(uri, "_delta_log"))
     infos = filesystem.get_file_info(fs.FileSelector(log, allow_not_found=True))
     commits, checkpoints = {}, []
@@ -154,7 +173,7 @@ def _commit_problems(table: str, uri: str, dt: DeltaTable) -> list[tuple[str, st
             commits[int(m.group(1))] = info
         elif m := _CHECKPOINT.fullmatch(info.base_name):
             checkpoints.append(int(m.group(1)))
-    version = dt.version()
+    version = dt.version() if dt is not None else max(commits, default=-1)
     start = max((c for c in checkpoints if c <= version), default=-1) + 1
     problems = []
     for v in range(start, version + 1):
