@@ -148,7 +148,10 @@ def check_table(
             for i in find_inconsistencies(table, dt, queue.partitions)
         ]
         # Step 5c: every data file the log names is there, with the size the log says.
-        problems += [bad(UNREADABLE, m, file=f) for m, f in _missing_files(table, uri, dt)]
+        missing = _missing_files(table, uri, dt)
+        if missing:  # a maintenance commit may have replaced them since: ask the newest snapshot
+            missing = _missing_files(table, uri, queue.refresh())
+        problems += [bad(UNREADABLE, m, file=f) for m, f in missing]
     except STORAGE_ERRORS as exc:
         problems.append(unreadable_violation(exc, table=table, uri=uri, processor=processor))
     return queue, problems, []
