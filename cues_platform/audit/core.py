@@ -126,6 +126,7 @@ def audit(lake: Lake, *, graph: Graph | None = None) -> AuditReport:
             if rec.is_attempt:
                 late.setdefault(rec.hash, Known(pid, rec))
 
+    # Step 3: every queue that an attempt names exists.
     for name, qr in rows.items():
         if not qr.exists:
             writers = sorted({k.processor for k in known.values() if name in record_rows(k.record)})
