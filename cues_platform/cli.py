@@ -4,14 +4,26 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import NoReturn
 
 import click
 from rich.console import Console
 from rich.table import Table
 
+from cues_platform.audit.discovery import check_lake, queue_folders
+from cues_platform.audit.storage import (
+    STORAGE_ERRORS,
+    first_line,
+    open_checked,
+    unreadable_error,
+    unwritable_error,
+)
 from cues_platform.errors import CuesError
 from cues_platform.participants.cli import participant
-from cues_platform.queues import Lake
+from cues_platform.queues import Lake, Queue
 
 console = Console()
 DEFAULT_LAKE = os.environ.get("CUES_LAKE", "lake")
@@ -25,18 +37,60 @@ lake_option = click.option(
 )
 
 
+DEBUG_ENV = "CUES_DEBUG"
+EXIT_BAD_INPUT = 2  # a CuesError, or a storage fault: the input or the lake must change
+EXIT_BUG = 3  # an unexpected exception: a bug to report
+
+
 class CuesGroup(click.Group):
-    """Turns every CuesError into one clear line and exit code 2 (1 for audit failures)."""
+    """Every failure is one line on stderr and a non-zero exit, never a traceback: a CuesError
+    (what was wrong and what to do) or a storage fault exits 2, an unexpected exception (a bug)
+    exits 3 with a hint to rerun with ``CUES_DEBUG=1``, which prints the traceback too."""
 
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise  # usage errors and --help: click's own handling
         except CuesError as exc:
-            # Plain click.echo (not rich): one unwrapped line, and brackets such as "[70, 80)"
-            # in messages are not taken for markup.
-            message = " ".join(str(exc).split())
-            click.echo(f"error: {message}", err=True)
-            sys.exit(2)
+            fail(str(exc), exc, EXIT_BAD_INPUT)
+        except STORAGE_ERRORS as exc:  # not translated where it was raised: still one line
+            fail(f"storage error: {first_line(exc)}; check --lake, the lake's files and their "
+                 "permissions (`cues audit` lists every damaged table)", exc, EXIT_BAD_INPUT)
+        except Exception as exc:  # noqa: BLE001 - the last resort of a command line: one line
+            fail(f"unexpected {type(exc).__name__}: {first_line(exc)} (a bug in cues_platform: "
+                 f"rerun with {DEBUG_ENV}=1 for the traceback and report it)", exc, EXIT_BUG)
+
+
+def fail(message: str, exc: BaseException, code: int) -> NoReturn:
+    if os.environ.get(DEBUG_ENV, "").strip() not in ("", "0"):
+        traceback.print_exception(exc, file=sys.stderr)
+    # Plain click.echo (not rich): one unwrapped line, and brackets such as "[70, 80)" in
+    # messages are not taken for markup.
+    click.echo(f"error: {' '.join(message.split())}", err=True)
+    sys.exit(code)
+
+
+@contextmanager
+def storage(table: str, uri: str, *, write: bool = False) -> Iterator[None]:
+    """Storage faults inside the block become one error naming ``table`` and what to do."""
+    try:
+        yield
+    except STORAGE_ERRORS as exc:
+        error = unwritable_error if write else unreadable_error
+        raise error(exc, table=table, uri=uri) from exc
+
+
+def open_lake(lake_root: str) -> Lake:
+    """The lake at ``lake_root``, which must exist and be a cues lake (else one clear error)."""
+    lake = Lake(root=lake_root)
+    check_lake(lake)
+    return lake
+
+
+def open_queue(lake_root: str, name: str) -> Queue:
+    """A queue whose log and files are whole (else one error naming the table and file)."""
+    return open_checked(open_lake(lake_root), name)
 
 
 @click.group(cls=CuesGroup)
@@ -115,19 +169,25 @@ def queue() -> None:
 @lake_option
 def queue_ls(lake_root: str) -> None:
     """List the queues of a lake with their partitions and sizes."""
-    lake = Lake(root=lake_root)
+    lake = open_lake(lake_root)
     table = Table("queue", "partitions", "messages", "next offsets", "version")
-    for name in lake.list_queues():
-        q = lake.queue(name)
-        ends = q.end_offsets()
-        table.add_row(
-            name,
-            ",".join(q.partitions),
-            str(q.count()),
-            " ".join(f"{p}:{e}" for p, e in ends.items()),
-            str(q.version()),
-        )
+    problems = []
+    for name in queue_folders(lake):
+        try:
+            q = open_checked(lake, name)
+            with storage(name, q.uri):
+                ends = q.end_offsets()
+                row = (name, ",".join(q.partitions), str(q.count()),
+                       " ".join(f"{p}:{e}" for p, e in ends.items()), str(q.version()))
+        except CuesError as exc:  # one damaged queue must not hide the others
+            problems.append(str(exc))
+            continue
+        table.add_row(*row)
     console.print(table)
+    if problems:
+        for message in problems:
+            click.echo(f"error: {' '.join(message.split())}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
 
 
 @queue.command("show")
@@ -135,7 +195,12 @@ def queue_ls(lake_root: str) -> None:
 @lake_option
 def queue_show(name: str, lake_root: str) -> None:
     """Schema, partitions, offsets and files of one queue."""
-    q = Lake(root=lake_root).queue(name)
+    q = open_queue(lake_root, name)
+    with storage(name, q.uri):
+        _show(name, q)
+
+
+def _show(name: str, q: Queue) -> None:
     console.print(f"[bold]{name}[/] at {q.uri} (Delta version {q.version()})")
     console.print("payload schema:")
     for field in q.payload_schema:
@@ -164,10 +229,11 @@ def queue_tail(
     name: str, partition: str | None, count: int, isolation: str, lake_root: str
 ) -> None:
     """Print the newest messages of a partition."""
-    q = Lake(root=lake_root).queue(name)
+    q = open_queue(lake_root, name)
     part = partition or q.partitions[0]
-    end = q.next_offset(q.check_partition(part))
-    rows = q.read_arrow(partition=part, start=max(0, end - count), isolation=isolation)
+    with storage(name, q.uri):
+        end = q.next_offset(q.check_partition(part))
+        rows = q.read_arrow(partition=part, start=max(0, end - count), isolation=isolation)
     table = Table(*rows.column_names)
     for row in rows.to_pylist():
         table.add_row(*(str(v) for v in row.values()))
@@ -182,7 +248,10 @@ def queue_maintain(name: str, retention_hours: float, lake_root: str) -> None:
     """Compact, checkpoint and vacuum one queue."""
     from cues_platform.queues.maintenance import maintain
 
-    for report in maintain(Lake(root=lake_root).queue(name), retention_hours=retention_hours):
+    q = open_queue(lake_root, name)
+    with storage(name, q.uri, write=True):
+        reports = maintain(q, retention_hours=retention_hours)
+    for report in reports:
         console.print(report)
 
 

@@ -19,8 +19,8 @@ from cues_platform.audit import audit
 from cues_platform.cli import main
 from cues_platform.processing.loader import load_graph
 from cues_platform.queues import Lake
+from tests.audit.lakes import MODULE, ORDERS, orders, seed, write_graph
 from tests.support import ROOT
-from tests.test_audit import MODULE, ORDERS, orders, seed, write_graph
 
 SUBPROCESS_TIMEOUT = 240
 
@@ -185,3 +185,161 @@ def test_participant_commands_are_part_of_cues() -> None:
     result = CliRunner().invoke(main, ["participant", "run", "--help"])
     assert result.exit_code == 0, result.output
     assert "--role" in result.output and "--instances" in result.output
+
+
+# -- every command on a damaged, missing or read-only lake: one line, non-zero, no traceback -------
+CUES = str(ROOT / ".venv" / "bin" / "cues")
+QUEUE_COMMANDS = (
+    ("queue", "ls"),
+    ("queue", "show", "orders"),
+    ("queue", "tail", "orders"),
+    ("queue", "maintain", "orders"),
+)
+
+
+def small_lake(folder: Path) -> Path:
+    """A lake with one queue of three commits (no Spark needed)."""
+    lake = Lake(root=str(folder / "lake"))
+    q = lake.create_queue("orders", schema=orders(0, 1).schema)
+    for start in (0, 10, 20):
+        q.append(orders(start, 10), partition="0")
+    return folder / "lake"
+
+
+def damage(lake: Path, how: str) -> Path:
+    """Damage the orders queue the way a storage fault does; returns the file at fault."""
+    table = lake / "queues" / "orders"
+    newest = sorted((table / "_delta_log").glob("*.json"))[-1]
+    if how == "emptied commit":
+        newest.write_bytes(b"")
+        return newest
+    if how == "truncated commit":
+        newest.write_bytes(newest.read_bytes()[:60])
+        return newest
+    if how == "missing data file":
+        data = sorted(table.rglob("*.parquet"))[0]
+        data.unlink()
+        return data
+    shutil.rmtree(table / "_delta_log")  # "no log"
+    return table / "_delta_log"
+
+
+def one_error_line(result: object) -> str:
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "Traceback" not in result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "how", ["emptied commit", "truncated commit", "missing data file", "no log"]
+)
+def test_every_queue_command_fails_in_one_line_on_a_damaged_queue(tmp_path: Path, how: str) -> None:
+    lake = small_lake(tmp_path)
+    bad_file = damage(lake, how)
+    for command in QUEUE_COMMANDS:
+        result = invoke(*command, "--lake", str(lake))
+        assert result.exit_code == 2, (command, result.output)
+        line = one_error_line(result)
+        assert "orders" in line and str(bad_file) in line, (command, line)
+        assert "restore" in line, (command, line)  # what to do
+    audited = invoke("audit", "--lake", str(lake))
+    assert audited.exit_code == 1 and str(bad_file) in audited.stdout, audited.output
+    assert "[unreadable] orders" in audited.stdout or "[corrupt_log] orders" in audited.stdout
+
+
+@pytest.mark.parametrize("where", ["missing", "a file"])
+def test_every_command_fails_in_one_line_on_a_missing_lake(tmp_path: Path, where: str) -> None:
+    path = tmp_path / "nowhere"
+    if where == "a file":
+        path.write_text("not a lake\n")
+    commands = [*QUEUE_COMMANDS, ("audit",), ("backing", "show", "enrich")]
+    for command in commands:
+        result = invoke(*command, "--lake", str(path))
+        assert result.exit_code == 2, (command, result.output)
+        assert one_error_line(result).startswith(f"error: no lake at {path}"), command
+    missing_graph = invoke("graph", "show", f"{tmp_path / 'nowhere.py'}:graph")
+    assert missing_graph.exit_code == 2 and "does not exist" in one_error_line(missing_graph)
+
+
+def test_backing_show_fails_in_one_line_on_a_damaged_backing_queue(
+    ran_lake: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path
+) -> None:
+    lake, _ = ran_lake
+    shutil.copytree(lake, tmp_path / "lake")
+    commit = sorted((tmp_path / "lake" / "_cues" / "backing" / "enrich" / "_delta_log").glob("*.json"))[-1]
+    commit.write_bytes(commit.read_bytes()[:40])
+    result = invoke("backing", "show", "enrich", "--lake", str(tmp_path / "lake"))
+    assert result.exit_code == 2
+    line = one_error_line(result)
+    assert "backing/enrich" in line and str(commit) in line and "restore" in line
+    audited = invoke("audit", "--lake", str(tmp_path / "lake"))
+    assert audited.exit_code == 1 and "[unreadable] backing/enrich" in audited.stdout
+
+
+def read_only(lake: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    """Run ``cues`` on ``lake`` with the lake not writable: chmod for a normal user; root writes
+    through permissions, so as root a read-only bind mount in a private mount namespace."""
+    command = [CUES, *argv, "--lake", str(lake)]
+    if os.geteuid() != 0:
+        subprocess.run(["chmod", "-R", "a-w", str(lake)], check=True)
+        try:
+            return subprocess.run(command, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT)
+        finally:
+            subprocess.run(["chmod", "-R", "u+w", str(lake)], check=True)
+    script = (
+        'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && touch "$1/probe" 2>/dev/null '
+        '&& { echo "the lake is still writable" >&2; exit 99; }; shift; exec "$@"'
+    )
+    return subprocess.run(
+        ["unshare", "--mount", "sh", "-c", script, "sh", str(lake), *command],
+        capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT,
+    )  # fmt: skip
+
+
+def test_read_only_lake_reads_work_and_writes_fail_in_one_line(tmp_path: Path) -> None:
+    lake = small_lake(tmp_path)
+    listed = read_only(lake, "queue", "ls")
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert "orders" in listed.stdout and "Traceback" not in listed.stderr
+    audited = read_only(lake, "audit")
+    assert audited.returncode == 0 and ": OK" in audited.stdout, audited.stderr[-2000:]
+    maintained = read_only(lake, "queue", "maintain", "orders")
+    assert maintained.returncode == 2, maintained.stderr[-2000:]
+    assert "Traceback" not in maintained.stderr
+    errors = [line for line in maintained.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith("error: cannot write to orders at "), errors
+    assert "not writable" in errors[0]
+
+
+BROKEN_GRAPH = '''
+import pyarrow as pa
+from cues_platform.processing import Graph, QueueDef
+
+
+class BrokenGraph(Graph):
+    def mermaid(self) -> str:
+        raise RuntimeError("boom in mermaid")
+
+
+graph = BrokenGraph.build(name="broken", queues=[QueueDef("q", pa.schema([("x", pa.int64())]))],
+                          processors=[])
+'''
+
+
+def test_an_unexpected_error_is_one_line_with_a_debug_hint(tmp_path: Path) -> None:
+    path = tmp_path / "broken_graph.py"
+    path.write_text(BROKEN_GRAPH)
+    env = {k: v for k, v in os.environ.items() if k != "CUES_DEBUG"}
+    plain = subprocess.run([CUES, "graph", "show", f"{path}:graph"], capture_output=True,
+                           text=True, env=env, timeout=SUBPROCESS_TIMEOUT)
+    assert plain.returncode == 3 and "Traceback" not in plain.stderr, plain.stderr
+    assert plain.stderr.splitlines() == [
+        "error: unexpected RuntimeError: boom in mermaid (a bug in cues_platform: rerun with "
+        "CUES_DEBUG=1 for the traceback and report it)"
+    ]
+    debug = subprocess.run([CUES, "graph", "show", f"{path}:graph"], capture_output=True,
+                           text=True, env={**env, "CUES_DEBUG": "1"}, timeout=SUBPROCESS_TIMEOUT)
+    assert debug.returncode == 3 and "Traceback (most recent call last)" in debug.stderr
+    assert 'raise RuntimeError("boom in mermaid")' in debug.stderr
+    assert debug.stderr.splitlines()[-1].startswith("error: unexpected RuntimeError")

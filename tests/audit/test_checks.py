@@ -1,144 +1,27 @@
-"""The auditor against real lakes: a clean run of a map + fork graph on Spark, then the same lake
-corrupted the way a bug would (duplicate delivery, foreign hash, skipped or re-read offsets)."""
+"""The auditor's checks 1-4 against real lakes: a clean run of a map + fork graph on Spark, then
+the same lake corrupted the way a bug would (duplicate delivery, foreign hash, skipped or re-read
+offsets)."""
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
 from cues_platform.audit import (
     AuditError,
-    AuditReport,
     LakeNotFoundError,
     NoSuchProcessorError,
     audit,
     describe_backing,
 )
 from cues_platform.errors import CuesError
-from cues_platform.processing import BackingQueue, Graph, GraphRunner, Range, Record, RecordType
+from cues_platform.processing import Range, RecordType
 from cues_platform.processing.loader import load_graph
-from cues_platform.processing.runner import create_queues
-from cues_platform.processing.step import Snapshot
 from cues_platform.queues import Lake
-
-# The graph is a source file so that `cues run` subprocesses load exactly the same one.
-GRAPH_SOURCE = '''
-"""Test graph: enrich (map) doubles amounts, split (fork) routes them by size."""
-import pyarrow as pa
-from pyspark.sql import functions as F
-
-from cues_platform.processing import ERROR_SCHEMA, Graph, In, Kind, Options, Out, Processor, QueueDef
-
-ORDERS = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("amount", pa.int64())])
-ENRICHED = pa.schema([pa.field("id", pa.int64()), pa.field("amount", pa.int64()),
-                      pa.field("double", pa.int64())])
-
-
-def enrich(ctx, orders):
-    if ctx.step == 2:
-        raise ValueError("bad batch")  # handled: one row to the error queue
-    return orders.select("id", "amount", (F.col("amount") * 2).alias("double"))
-
-
-def split(ctx, enriched):
-    if ctx.step == 1:
-        return None  # a nil step
-    return {"big": enriched.where(F.col("amount") >= 50).select("id", "amount"),
-            "small": enriched.where(F.col("amount") < 50).select("id", "amount")}
-
-
-graph = Graph.build(
-    name="shop",
-    queues=[QueueDef("orders", ORDERS), QueueDef("enriched", ENRICHED), QueueDef("big", ORDERS),
-            QueueDef("small", ORDERS), QueueDef("errors", ERROR_SCHEMA)],
-    processors=[
-        Processor("enrich", Kind.MAP, enrich, {"orders": In("orders")}, {"out": Out("enriched")},
-                  options=Options(batch_size=10, poll_interval=0.2)),
-        Processor("split", Kind.FORK, split, {"enriched": In("enriched")},
-                  {"big": Out("big"), "small": Out("small")},
-                  options=Options(batch_size=10, poll_interval=0.2)),
-    ],
-    error_queue="errors",
-)
-'''
-MODULE = "tests_graph_module"
-ORDERS = 30  # enrich: steps 0, 1 (output) and 2 (error) over [0,10) [10,20) [20,30);
-# split: step 0 (output) and 1 (nil) over enriched [0,10) [10,20)
-
-
-def write_graph(folder: Path) -> Path:
-    path = folder / f"{MODULE}.py"
-    path.write_text(GRAPH_SOURCE)
-    return path
-
-
-def orders(start: int, count: int) -> pa.Table:
-    ids = list(range(start, start + count))
-    return pa.table(
-        {
-            "id": pa.array(ids, pa.int64()),
-            "amount": pa.array([i * 7 % 100 for i in ids], pa.int64()),
-        }
-    )
-
-
-def seed(graph: Graph, lake: Lake, count: int = ORDERS) -> None:
-    create_queues(graph, lake)
-    lake.queue("orders").append(orders(0, count), partition="0")
-
-
-@pytest.fixture(scope="module")
-def clean_lake(spark: object, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A lake after GraphRunner ran the test graph until idle (built once per module)."""
-    base = tmp_path_factory.mktemp("audit")
-    graph = load_graph(f"{write_graph(base)}:graph")
-    lake = Lake(root=str(base / "lake"))
-    seed(graph, lake)
-    GraphRunner(graph=graph, lake=lake, spark=spark).run_until_idle()
-    return base / "lake"
-
-
-@pytest.fixture
-def lake_copy(clean_lake: Path, tmp_path: Path) -> Lake:
-    """A private copy of the clean lake, to corrupt."""
-    shutil.copytree(clean_lake, tmp_path / "lake")
-    return Lake(root=str(tmp_path / "lake"))
-
-
-def attempts(lake: Lake, processor: str) -> list[Record]:
-    return [r for r in BackingQueue(lake, processor).records() if r.is_attempt]
-
-
-def append_step(
-    lake: Lake,
-    processor: str,
-    inputs: dict[str, Range],
-    *,
-    alts: str | None = None,
-    kind: RecordType = RecordType.ATTEMPT_NIL,
-    outputs: dict | None = None,
-    attempt: bool = True,
-) -> Snapshot:
-    """Append what a buggy processor would: the next step's snapshot and (by default) attempt."""
-    backing = BackingQueue(lake, processor)
-    epoch = backing.epoch()
-    step = backing.last_record().step + 1
-    snapshot = Snapshot(processor, step, inputs, alts)
-    backing.append(Record(RecordType.SNAPSHOT, snapshot, epoch))
-    if attempt:
-        backing.append(Record(kind, snapshot, epoch, outputs or {}))
-    return snapshot
-
-
-def only(report: AuditReport, kind: str) -> list:
-    assert not report.ok
-    assert {v.kind for v in report.violations} == {kind}, report.to_text()
-    return report.by_kind(kind)
+from tests.audit.lakes import ORDERS, append_step, attempts, only, orders, write_graph
 
 
 # -- clean ------------------------------------------------------------------------------------------
@@ -224,9 +107,13 @@ def test_rows_with_a_made_up_hash_are_unknown(lake_copy: Lake) -> None:
     end = big.next_offset("0")
     made_up = "f" * 32
     big.append(orders(1000, 3), partition="0", delivery_hash=made_up)
-    big.append(orders(2000, 2), partition="0")  # a producer row (null hash): ignored
-    (v,) = only(audit(lake_copy), "unknown_hash")
+    big.append(orders(2000, 2), partition="0")  # a row without a hash: outside the protocol
+    report = audit(lake_copy)
+    assert {v.kind for v in report.violations} == {"unknown_hash", "no_delivery_hash"}
+    (v,) = report.by_kind("unknown_hash")
     assert (v.queue, v.partition, v.offsets, v.hash) == ("big", "0", (end, end + 3), made_up)
+    (plain,) = report.by_kind("no_delivery_hash")
+    assert (plain.queue, plain.partition, plain.offsets) == ("big", "0", (end + 3, end + 5))
 
 
 def test_attempt_that_skips_offsets_is_a_gap(lake_copy: Lake) -> None:

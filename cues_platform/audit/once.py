@@ -1,0 +1,163 @@
+"""Step 3 of the audit: once only. For each (queue, partition, hash) the rows equal the
+attempt's recorded count ([delivered_twice] when more, [row_count_mismatch] when fewer) and form
+one contiguous offset range ([not_contiguous]); an attempt followed by later steps has all its
+commits ([undelivered]); each queue's app transaction ``proc:{processor}`` agrees with the steps
+whose rows it holds ([app_transaction])."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+
+from cues_platform.audit.backing import Known, outcome_of, record_rows
+from cues_platform.audit.report import (
+    APP_TRANSACTION,
+    DELIVERED_TWICE,
+    NOT_CONTIGUOUS,
+    ROW_COUNT_MISMATCH,
+    UNDELIVERED,
+    Violation,
+)
+from cues_platform.audit.rows import QueueRows
+from cues_platform.audit.sequence import Steps
+from cues_platform.processing.backing import Record
+from cues_platform.processing.outputs import proc_app_id
+
+
+def count_checks(rows: Mapping[str, QueueRows], known: Mapping[str, Known]) -> list[Violation]:
+    """Row counts and contiguity of every attributed (queue, partition, hash)."""
+    bad: list[Violation] = []
+    for name, qr in rows.items():
+        for (part, h), runs in sorted(qr.runs.items()):
+            k = known.get(h)
+            expected = None if k is None else record_rows(k.record).get(name, {}).get(part)
+            if k is None or expected is None:
+                continue  # step 2 reports it
+            pid, rec = k.processor, k.record
+            total = sum(r.rows for r in runs)
+            span = (runs[0].start, runs[-1].end)
+            runs_text = ", ".join(f"[{r.start}, {r.end})" for r in runs)
+            if expected >= 0 and total > expected:
+                first = runs[0]
+                extra = [(r.start, r.end) for r in runs[1:]]
+                if first.rows > expected:
+                    extra.insert(0, (first.start + expected, first.end))
+                for start, end in extra:
+                    bad.append(Violation(
+                        DELIVERED_TWICE,
+                        f"step {rec.step} of {pid!r} is delivered more than once in "
+                        f"{name}/{part}: {total} rows with its hash where the attempt recorded "
+                        f"{expected} (runs {runs_text}); rows [{start}, {end}) repeat it",
+                        processor=pid, queue=name, partition=part, offsets=(start, end), hash=h,
+                        step=rec.step,
+                    ))  # fmt: skip
+            elif expected >= 0 and total < expected:
+                bad.append(Violation(
+                    ROW_COUNT_MISMATCH,
+                    f"step {rec.step} of {pid!r} has {total} row(s) in {name}/{part} but its "
+                    f"attempt recorded {expected} (runs {runs_text})",
+                    processor=pid, queue=name, partition=part, offsets=span, hash=h, step=rec.step,
+                ))  # fmt: skip
+            elif len(runs) > 1:
+                bad.append(Violation(
+                    NOT_CONTIGUOUS,
+                    f"step {rec.step} of {pid!r} has its {total} row(s) in {name}/{part} split "
+                    f"into runs {runs_text}; one commit gives one contiguous range",
+                    processor=pid, queue=name, partition=part, offsets=span, hash=h, step=rec.step,
+                ))  # fmt: skip
+        # Partitions an attempt names in a queue that holds some of its rows but not these.
+        present = defaultdict(set)
+        for part, h in qr.runs:
+            present[h].add(part)
+        for h, parts in present.items():
+            k = known.get(h)
+            if k is None:
+                continue
+            for part, n in sorted(record_rows(k.record).get(name, {}).items()):
+                if part not in parts and n != 0:
+                    bad.append(Violation(
+                        ROW_COUNT_MISMATCH,
+                        f"step {k.record.step} of {k.processor!r} recorded {n} row(s) for "
+                        f"{name}/{part} but none are there, while its other partitions of "
+                        f"{name} are (one commit writes them all)",
+                        processor=k.processor, queue=name, partition=part, hash=h,
+                        step=k.record.step,
+                    ))  # fmt: skip
+    return bad
+
+
+def delivered_steps(
+    pid: str, arranged: Steps, rows: Mapping[str, QueueRows]
+) -> tuple[list[Record], str | None, list[Violation]]:
+    """Delivered attempts in step order, the pending work in words, and undelivered attempts."""
+    got: list[Record] = []
+    bad: list[Violation] = []
+    pending: str | None = None
+    last_step = max(arranged.attempts, default=None)
+    for step in sorted(arranged.attempts):
+        rec = arranged.attempts[step]
+        # A queue that step 5 found unreadable cannot show the commit: not reported twice.
+        missing = [
+            q for q in sorted(record_rows(rec)) if rows[q].readable and rec.hash not in rows[q].hashes
+        ]
+        if not missing:
+            got.append(rec)
+            continue
+        if step == last_step and arranged.pending_snapshot is None:
+            pending = (
+                f"step {step}: attempt ({outcome_of(rec)}) recorded, commit to "
+                f"{', '.join(missing)} not yet made (recovery rolls it forward)"
+            )
+            continue
+        for q in missing:
+            bad.append(Violation(
+                UNDELIVERED,
+                f"step {step}'s attempt ({outcome_of(rec)}) names queue {q!r} but no row of it "
+                f"carries hash {rec.hash}, and later steps followed: its output was lost",
+                processor=pid, queue=q, step=step, hash=rec.hash,
+                partition=next(iter(record_rows(rec)[q]), None),
+            ))  # fmt: skip
+    if arranged.pending_snapshot is not None:
+        snap = arranged.pending_snapshot.snapshot
+        reads = ", ".join(
+            f"{r.queue}/{r.partition} [{r.start}, {r.end})" for _, r in sorted(snap.inputs.items())
+        )
+        pending = (
+            f"step {snap.step}: snapshot of {reads} recorded, no attempt yet (retried on start)"
+        )
+    return got, pending, bad
+
+
+
+def transaction_checks(
+    rows: Mapping[str, QueueRows], known: Mapping[str, Known], late: Mapping[str, Known]
+) -> list[Violation]:
+    bad: list[Violation] = []
+    for name, qr in rows.items():
+        top: dict[str, int] = {}
+        for _, h in qr.runs:
+            k = known.get(h)
+            if k is not None and name in record_rows(k.record):
+                top[k.processor] = max(top.get(k.processor, -1), k.record.step)
+        named: dict[str, int] = {}
+        for k in [*known.values(), *late.values()]:
+            if name in record_rows(k.record):
+                named[k.processor] = max(named.get(k.processor, -1), k.record.step)
+        for pid, version in sorted(qr.versions.items()):
+            highest = top.get(pid)
+            if highest is not None and (version is None or version < highest):
+                bad.append(Violation(
+                    APP_TRANSACTION,
+                    f"{name} holds rows of step {highest} of {pid!r} but its app transaction "
+                    f"{proc_app_id(pid)} is {version}: a roll-forward would commit that step again",
+                    processor=pid, queue=name, step=highest,
+                ))  # fmt: skip
+            elif version is not None and version > named.get(pid, -1):
+                bad.append(Violation(
+                    APP_TRANSACTION,
+                    f"{name}'s app transaction {proc_app_id(pid)} is {version}, but {pid!r} has "
+                    f"no attempt of step {version} or later that writes {name}",
+                    processor=pid, queue=name, step=int(version),
+                ))  # fmt: skip
+    return bad
+
