@@ -211,8 +211,8 @@ def _error_rows(root: Path) -> list[dict]:
     return [] if table is None else table.to_pylist()
 
 
-def _merged_by_offset(root: Path) -> dict[int, str]:
-    table = _read(_key_queue(root, w.MERGED), ["key", "_offset"])
+def _keys_by_offset(root: Path, queue: str) -> dict[int, str]:
+    table = _read(_key_queue(root, queue), ["key", "_offset"])
     if table is None:
         return {}
     return dict(zip(table["_offset"].to_pylist(), table["key"].to_pylist(), strict=True))
@@ -256,18 +256,25 @@ def check_lake(root: str | Path, expectation: Expectation) -> CheckReport:
 
     # 5. error rows (and which keys they cover)
     err = CheckResult("error_rows")
-    merged_at = _merged_by_offset(root)
-    covered: Counter[str] = Counter()
+    at = {q: _keys_by_offset(root, q) for q in (w.SRC_IDEM, w.SRC_TXN, w.MERGED, w.VALIDATED, w.LEFT, w.RIGHT)}
+    covered: Counter[str] = Counter()  # keys rejected legitimately, with their batch
+    lost_to: dict[str, str] = {}  # key -> the illegitimate error row that swallowed its batch
     for row in _error_rows(root):
         err.checked += 1
-        what = f"error row at offset {row.get('_offset')} ({row['processor']} step {row['step']}, {row['exception_type']})"
-        if row["processor"] != w.REJECTING_PROCESSOR or not row["exception_type"].endswith("." + w.REJECTED_EXCEPTION):
-            err.fail(f"{what}: not a rejection by the user's function")
+        what = (f"error row at offset {row.get('_offset')} ({row['processor']} step {row['step']}, "
+                f"{row['exception_type']})")
         keys: list[str] = []
         for spec in json.loads(row["inputs"]).values():
             queue, _part, start, end = spec
-            if queue == w.MERGED:
-                keys += [merged_at[o] for o in range(start, end) if o in merged_at]
+            keys += [at[queue][o] for o in range(start, end) if o in at.get(queue, {})]
+        legit = row["processor"] == w.REJECTING_PROCESSOR and row["exception_type"].endswith(
+            "." + w.REJECTED_EXCEPTION)
+        if not legit:
+            err.fail(f"{what}: not a rejection by the user's function; its batch of {len(keys)} "
+                     f"key(s) is lost: {keys[:3]}")
+            for key in keys:
+                lost_to.setdefault(key, what)
+            continue
         if not any(expectation.is_rejected(k) for k in keys):
             err.fail(f"{what}: its input range holds no key the user's rule rejects ({len(keys)} keys)")
         covered.update(keys)
@@ -277,7 +284,8 @@ def check_lake(root: str | Path, expectation: Expectation) -> CheckReport:
     for key in sorted(visible_set | set(downstream[w.MERGED])):
         n = downstream[w.MERGED][key]
         if n != 1:
-            once.fail(f"merged: key {key} is there {n} times (expected once)")
+            why = f" (its batch went to the {lost_to[key]})" if key in lost_to else ""
+            once.fail(f"merged: key {key} is there {n} times (expected once){why}")
     errored = {k for k, n in covered.items() if n}
     for key, n in sorted(covered.items()):
         if n > 1:
@@ -291,7 +299,8 @@ def check_lake(root: str | Path, expectation: Expectation) -> CheckReport:
             if key in errored:
                 once.fail(f"{where}: key {key} is both in an error row and delivered ({n}x)")
             elif n == 0:
-                once.fail(f"{where}: key {key} is missing")
+                why = f" (its batch went to the {lost_to[key]})" if key in lost_to else ""
+                once.fail(f"{where}: key {key} is missing{why}")
             else:
                 once.fail(f"{where}: key {key} is there {n} times")
     for key in sorted(visible_set):

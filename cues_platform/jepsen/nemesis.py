@@ -228,7 +228,7 @@ class Nemesis:
         self.stats.actions.append(action)
         runner = self.runners[-1]
         if action == "kill_by_progress":
-            self.wait_progress(progress(self.lake_root) + self.rng.randint(1, 40), runner,
+            self.wait_progress(progress(self.lake_root) + self.rng.randint(1, 12), runner,
                                min(until, time.monotonic() + 60))
             sig, label = self._sig()
             self.kill(runner, sig, f"runner {label} by progress")
@@ -263,7 +263,7 @@ class Nemesis:
         elif action == "concurrent":
             second = self.start_runner()
             self.stats.concurrent_periods += 1
-            target = progress(self.lake_root) + self.rng.randint(5, 40)
+            target = progress(self.lake_root) + self.rng.randint(4, 16)
             deadline = min(until + 30, time.monotonic() + 60)
             while (runner.alive or second.alive) and progress(self.lake_root) < target \
                     and time.monotonic() < deadline:

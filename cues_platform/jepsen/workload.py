@@ -37,7 +37,7 @@ PROCESSORS = ("merge", "validate", "split", "enrich", "store")
 REJECTING_PROCESSOR = "validate"
 REJECTED_EXCEPTION = "Rejected"
 PARTITION = "0"
-BATCH_SIZE = 100
+BATCH_SIZE = 300
 
 PAYLOAD = pa.schema([pa.field("key", pa.string(), nullable=False),
                      pa.field("n", pa.int64(), nullable=False)])
