@@ -138,7 +138,7 @@ class Nemesis:
                 "--lake", str(self.lake_root), "--no-progress"]
         if idle_exit is not None:
             argv += ["--idle-exit", str(idle_exit)]
-        child = spawn(f"runner-{self._counter}", "runner", argv, self._log("runners"))
+        child = spawn(f"runner-{self._counter}", "runner", argv, self._log(f"runner-{self._counter}"))
         self.runners.append(child)
         self.stats.runner_starts += 1
         return child
@@ -298,7 +298,8 @@ class Background:
     def join(self) -> None:
         self.stop.set()
         for t in self.threads:
-            t.join(timeout=300)
+            if t.ident is not None:  # started
+                t.join(timeout=300)
 
     def _maintain(self) -> None:
         from cues_platform.queues import Lake

@@ -5,7 +5,8 @@ Delivery contract of :func:`run_harness`:
 1. Print the seed first (``--seed`` replays the same plan and fault schedule).
 2. Create the graph's queues and the transactional feeder's progress queue.
 3. Start the feeders and one runner; for ``duration`` seconds let the nemesis act (kills of every
-   kind, concurrent runners) while maintenance and a tailer race in the background.
+   kind, concurrent runners) while maintenance and a tailer race in the background (until the
+   drain is over).
 4. Heal: stop the faults, let every feeder finish (restarting killed ones), stop the runners.
 5. Drain: ``cues run --idle-exit`` until no processor has work (retried if it fails, which is
    reported).
@@ -141,8 +142,7 @@ def run_harness(config: HarnessConfig, *, echo: Callable[[str], None] = print) -
             nemesis.tend()
             nemesis.act(until)
         echo(f"jepsen seed {config.seed}: faults over ({sum(nemesis.stats.kills.values())} kills); healing")
-        # Step 4
-        background.join()
+        # Step 4 (maintenance and the tailer go on racing until the drain is over)
         deadline = time.monotonic() + config.drain_timeout
         while len(nemesis.done_feeders) < len(nemesis.feeder_names()):
             if time.monotonic() > deadline:
@@ -175,7 +175,7 @@ def run_harness(config: HarnessConfig, *, echo: Callable[[str], None] = print) -
                 raise RuntimeError(f"the drain runner failed {drain_attempts} times; last: "
                                    f"{runner.tail(1500)}")
     finally:
-        background.stop.set()
+        background.join()
         nemesis.stop_all()
     # Step 6
     expectation = Expectation.from_run(plan, workdir)
