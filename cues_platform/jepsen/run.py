@@ -63,8 +63,12 @@ class HarnessResult:
 
     def replay_command(self) -> str:
         c = self.config
-        return (f"python -m cues_platform.jepsen --seed {c.seed} --duration {c.duration:g} "
-                f"--keys {c.keys}")
+        flags = [f"--lost-ack-rate {c.lost_ack_rate:g}"] if c.lost_ack_rate != 0.05 else []
+        flags += [f for f, on in (("--no-concurrent", not c.concurrent),
+                                  ("--no-maintenance", not c.maintenance),
+                                  ("--resend-in-txn", c.resend_in_txn)) if on]
+        return " ".join([f"python -m cues_platform.jepsen --seed {c.seed} --duration {c.duration:g} "
+                         f"--keys {c.keys}", *flags])
 
     def lines(self) -> list[str]:
         s, c = self.stats, self.config
