@@ -408,6 +408,7 @@ def run_command(graph_ref: str, lake_root: str, idle_exit: float | None, no_prog
 
 
 main.add_command(participant)  # cues participant ... (the postings protocol, seed 002)
+main.add_command(__import__("cues_platform.jepsen.cli", fromlist=["jepsen"]).jepsen)  # cues jepsen
 
 if __name__ == "__main__":
     main()

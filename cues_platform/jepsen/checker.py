@@ -1,0 +1,335 @@
+"""The independent checker: reads the lake's Delta tables with ``deltalake`` and pyarrow only.
+
+It never uses the platform's reader, tailers or auditor: the layout (``{root}/queues/{name}``,
+``{root}/_cues/transactions``, ``{root}/_cues/backing/{processor}``), the metadata columns and the
+read_committed rule are re-implemented here from their documented meaning, so a bug in the
+platform's reading code cannot hide a bug in its writing code.
+
+read_committed, independently: a row whose ``_txn_id`` is null is visible; a row of a transaction
+is visible iff the coordinator table holds a decision row (``action == "committed"``) for its
+``txn_id``. A transaction with no decision (open, or never opened) is not visible; one with both
+decisions, or whose queue marker (the app transaction ``txn:{id}``: 1 committed, 2 aborted)
+disagrees with the coordinator, is a violation.
+
+Checks (each PASS/FAIL with examples):
+
+1. ``dense_offsets``: every queue (and backing queue) has offsets 0..n-1 per partition, no gap,
+   no duplicate, and its ``part:{partition}`` app transaction (when present) says n.
+2. ``read_committed``: decisions are consistent; no key of an aborted transaction is visible,
+   and no invisible key reached any processor's output or the sink.
+3. ``acknowledged``: every acknowledged key is visible in the inputs; every visible input key is
+   there once and is a key of the plan.
+4. ``exactly_once``: every visible input key is in ``merged`` once; then either exactly once in
+   each downstream queue and the sink table, or (rejected with its batch) in exactly one error
+   row and nowhere downstream; never both, never missing.
+5. ``error_rows``: every error row was written by the rejecting processor with the user's
+   exception, for an input range that holds at least one key the user's rule rejects.
+6. ``sink_once``: the sink table's rows each carry a delivery hash and no key twice (the counts
+   are part of check 4).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+from deltalake import DeltaTable
+
+from cues_platform.jepsen import workload as w
+
+EXAMPLES = 5
+COMMITTED, ABORTED = 1, 2
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """What the checker knows without the platform: the acknowledged keys (from the feeders' ack
+    logs), the keys of transactions aborted on purpose, every key of the plan, and the user's
+    rejection rule."""
+
+    acked: frozenset[str]
+    aborted_keys: frozenset[str]
+    known_keys: frozenset[str]
+    is_rejected: Callable[[str], bool] = w.is_rejected
+
+    @classmethod
+    def from_run(cls, plan: w.Plan, run_dir: str | Path) -> Expectation:
+        return cls(acked=frozenset(w.acked_keys(plan, run_dir)), aborted_keys=plan.aborted_keys,
+                   known_keys=plan.all_keys)
+
+
+@dataclass
+class CheckResult:
+    name: str
+    checked: int = 0
+    violations: list[str] = field(default_factory=list)
+    total_violations: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.total_violations == 0
+
+    def fail(self, message: str) -> None:
+        self.total_violations += 1
+        if len(self.violations) < EXAMPLES:
+            self.violations.append(message)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "ok": self.ok, "checked": self.checked,
+                "violations": self.total_violations, "examples": self.violations}
+
+
+@dataclass
+class CheckReport:
+    checks: list[CheckResult]
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    def check(self, name: str) -> CheckResult:
+        return next(c for c in self.checks if c.name == name)
+
+    def failed(self) -> list[str]:
+        return [c.name for c in self.checks if not c.ok]
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "counts": self.counts, "checks": [c.to_dict() for c in self.checks]}
+
+
+# -- raw access ------------------------------------------------------------------------------------
+def _is_table(path: Path) -> bool:
+    return (path / "_delta_log").is_dir()
+
+
+def _open(path: Path) -> DeltaTable | None:
+    return DeltaTable(str(path)) if _is_table(path) else None
+
+
+def _read(path: Path, columns: list[str] | None = None) -> pa.Table | None:
+    dt = _open(path)
+    if dt is None:
+        return None
+    names = set(pa.schema(dt.schema()).names)
+    wanted = None if columns is None else [c for c in columns if c in names]
+    return dt.to_pyarrow_table(columns=wanted)
+
+
+def _tables_under(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if _is_table(p)) if folder.is_dir() else []
+
+
+def _key_queue(root: Path, name: str) -> Path:
+    return root / "queues" / name
+
+
+def decisions(root: Path, result: CheckResult) -> dict[str, int]:
+    """txn id -> COMMITTED | ABORTED from the coordinator's rows (both: a violation)."""
+    table = _read(root / "_cues" / "transactions", ["txn_id", "action"])
+    out: dict[str, int] = {}
+    if table is None:
+        return out
+    seen: dict[str, set[str]] = {}
+    for txn, action in zip(table["txn_id"].to_pylist(), table["action"].to_pylist(), strict=True):
+        if action in ("committed", "aborted"):
+            seen.setdefault(txn, set()).add(action)
+    for txn, actions in seen.items():
+        result.checked += 1
+        if len(actions) > 1:
+            result.fail(f"transaction {txn} was decided both committed and aborted")
+        out[txn] = COMMITTED if "committed" in actions else ABORTED
+    return out
+
+
+def visible_keys(root: Path, queue: str, decided: dict[str, int],
+                 result: CheckResult) -> tuple[list[str], list[str]]:
+    """(visible keys, hidden keys) of an input queue under read_committed, checking each
+    transaction's queue marker against the coordinator."""
+    path = _key_queue(root, queue)
+    dt = _open(path)
+    if dt is None:
+        return [], []
+    table = _read(path, ["key", "_txn_id"])
+    txns = table["_txn_id"].to_pylist() if "_txn_id" in table.column_names else [None] * table.num_rows
+    for txn in sorted({t for t in txns if t is not None}):
+        marker = dt.transaction_version(f"txn:{txn}")
+        if marker is not None and int(marker) in (COMMITTED, ABORTED) and int(marker) != decided.get(txn):
+            result.fail(f"queue {queue}: marker of transaction {txn} says {int(marker)} but the "
+                        f"coordinator says {decided.get(txn, 'undecided')}")
+    visible, hidden = [], []
+    for key, txn in zip(table["key"].to_pylist(), txns, strict=True):
+        (visible if txn is None or decided.get(txn) == COMMITTED else hidden).append(key)
+    return visible, hidden
+
+
+# -- the checks ------------------------------------------------------------------------------------
+def check_dense_offsets(root: Path) -> CheckResult:
+    result = CheckResult("dense_offsets")
+    for path in [*_tables_under(root / "queues"), *_tables_under(root / "_cues" / "backing")]:
+        table = _read(path, ["_partition", "_offset"])
+        if table is None or "_offset" not in table.column_names:
+            continue
+        dt = _open(path)
+        by_part: dict[str, list[int]] = {}
+        for part, off in zip(table["_partition"].to_pylist(), table["_offset"].to_pylist(), strict=True):
+            by_part.setdefault(part, []).append(off)
+        for part, offsets in sorted(by_part.items()):
+            result.checked += 1
+            where = f"{path.parent.name}/{path.name} partition {part!r}"
+            counts = Counter(offsets)
+            dups = sorted(o for o, c in counts.items() if c > 1)
+            missing = sorted(set(range(len(counts))) - set(counts)) if counts else []
+            beyond = sorted(o for o in counts if o >= len(counts) or o < 0)
+            if dups:
+                result.fail(f"{where}: duplicate offsets {dups[:5]} ({len(dups)} in all)")
+            if missing or beyond:
+                result.fail(f"{where}: offsets are not 0..{len(counts) - 1}: missing {missing[:5]}, "
+                            f"out of range {beyond[:5]}")
+            declared = dt.transaction_version(f"part:{part}")
+            if declared is not None and int(declared) != max(counts) + 1:
+                result.fail(f"{where}: the log says next offset {int(declared)} but the files hold "
+                            f"offsets up to {max(counts)}")
+    return result
+
+
+def _bag(root: Path, queue: str) -> Counter[str]:
+    table = _read(_key_queue(root, queue), ["key"])
+    return Counter() if table is None else Counter(table["key"].to_pylist())
+
+
+def _sink_table(root: Path) -> pa.Table | None:
+    return _read(root / w.SINK_TABLE)
+
+
+def _error_rows(root: Path) -> list[dict]:
+    table = _read(_key_queue(root, w.ERRORS), ["processor", "step", "inputs", "exception_type", "_offset"])
+    return [] if table is None else table.to_pylist()
+
+
+def _keys_by_offset(root: Path, queue: str) -> dict[int, str]:
+    table = _read(_key_queue(root, queue), ["key", "_offset"])
+    if table is None:
+        return {}
+    return dict(zip(table["_offset"].to_pylist(), table["key"].to_pylist(), strict=True))
+
+
+def check_lake(root: str | Path, expectation: Expectation) -> CheckReport:
+    """Run every check on the lake at ``root`` (a local folder)."""
+    root = Path(root)
+    rc = CheckResult("read_committed")
+    decided = decisions(root, rc)
+    visible: list[str] = []
+    hidden: list[str] = []
+    for queue in (w.SRC_IDEM, w.SRC_TXN):
+        v, h = visible_keys(root, queue, decided, rc)
+        visible += v
+        hidden += h
+    in_bag = Counter(visible)
+    visible_set = set(in_bag)
+
+    # 2. read_committed
+    for key in sorted(visible_set & expectation.aborted_keys):
+        rc.fail(f"key {key} of a transaction the feeder aborted is visible read_committed")
+    invisible = (set(hidden) | set(expectation.aborted_keys)) - visible_set
+    downstream = {q: _bag(root, q) for q in (w.MERGED, w.VALIDATED, w.LEFT, w.RIGHT, w.ENRICHED)}
+    sink = _sink_table(root)
+    downstream["sink"] = Counter() if sink is None else Counter(sink["key"].to_pylist())
+    for where, bag in downstream.items():
+        rc.checked += len(bag)
+        for key in sorted(set(bag) & invisible):
+            rc.fail(f"{where}: key {key} of an aborted/undecided transaction was processed")
+
+    # 3. acknowledged
+    ack = CheckResult("acknowledged", checked=len(expectation.acked) + len(in_bag))
+    for key in sorted(expectation.acked - visible_set):
+        ack.fail(f"acknowledged key {key} is not visible in the inputs (lost)")
+    for key, n in sorted(in_bag.items()):
+        if n > 1:
+            ack.fail(f"input key {key} is visible {n} times")
+        if key not in expectation.known_keys:
+            ack.fail(f"input key {key} is not a key of the plan")
+
+    # 5. error rows (and which keys they cover)
+    err = CheckResult("error_rows")
+    at = {q: _keys_by_offset(root, q) for q in (w.SRC_IDEM, w.SRC_TXN, w.MERGED, w.VALIDATED, w.LEFT, w.RIGHT)}
+    covered: Counter[str] = Counter()  # keys rejected legitimately, with their batch
+    lost_to: dict[str, str] = {}  # key -> the illegitimate error row that swallowed its batch
+    for row in _error_rows(root):
+        err.checked += 1
+        what = (f"error row at offset {row.get('_offset')} ({row['processor']} step {row['step']}, "
+                f"{row['exception_type']})")
+        keys: list[str] = []
+        for spec in json.loads(row["inputs"]).values():
+            queue, _part, start, end = spec
+            keys += [at[queue][o] for o in range(start, end) if o in at.get(queue, {})]
+        legit = row["processor"] == w.REJECTING_PROCESSOR and row["exception_type"].endswith(
+            "." + w.REJECTED_EXCEPTION)
+        if not legit:
+            err.fail(f"{what}: not a rejection by the user's function; its batch of {len(keys)} "
+                     f"key(s) is lost: {keys[:3]}")
+            for key in keys:
+                lost_to.setdefault(key, what)
+            continue
+        if not any(expectation.is_rejected(k) for k in keys):
+            err.fail(f"{what}: its input range holds no key the user's rule rejects ({len(keys)} keys)")
+        covered.update(keys)
+
+    # 4. exactly once downstream
+    once = CheckResult("exactly_once", checked=len(visible_set))
+    for key in sorted(visible_set | set(downstream[w.MERGED])):
+        n = downstream[w.MERGED][key]
+        if n != 1:
+            why = f" (its batch went to the {lost_to[key]})" if key in lost_to else ""
+            once.fail(f"merged: key {key} is there {n} times (expected once){why}")
+    errored = {k for k, n in covered.items() if n}
+    for key, n in sorted(covered.items()):
+        if n > 1:
+            once.fail(f"errors: key {key} is in {n} error rows (expected one)")
+    for where in (w.VALIDATED, w.LEFT, w.RIGHT, w.ENRICHED, "sink"):
+        bag = downstream[where]
+        for key in sorted(visible_set | set(bag)):
+            n, expected = bag[key], 0 if key in errored else 1
+            if n == expected:
+                continue
+            if key in errored:
+                once.fail(f"{where}: key {key} is both in an error row and delivered ({n}x)")
+            elif n == 0:
+                why = f" (its batch went to the {lost_to[key]})" if key in lost_to else ""
+                once.fail(f"{where}: key {key} is missing{why}")
+            else:
+                once.fail(f"{where}: key {key} is there {n} times")
+    for key in sorted(visible_set):
+        if expectation.is_rejected(key) and key not in errored:
+            once.fail(f"key {key} is rejected by the user's rule but in no error row")
+
+    # 6. sink
+    sink_check = CheckResult("sink_once")
+    if sink is not None:
+        sink_check.checked = sink.num_rows
+        hashes = sink["hash"].to_pylist() if "hash" in sink.column_names else [None] * sink.num_rows
+        for key, h in zip(sink["key"].to_pylist(), hashes, strict=True):
+            if not h:
+                sink_check.fail(f"sink row of key {key} carries no delivery hash")
+        for key, n in sorted(downstream["sink"].items()):
+            if n > 1:
+                sink_check.fail(f"sink effect of key {key} applied {n} times")
+
+    counts = {"acked_keys": len(expectation.acked), "visible_input_keys": len(visible_set),
+              "hidden_input_rows": len(hidden), "transactions_decided": len(decided),
+              "error_rows": err.checked, "keys_in_error_rows": len(errored),
+              "enriched_rows": sum(downstream[w.ENRICHED].values()),
+              "sink_rows": 0 if sink is None else sink.num_rows}
+    checks = [check_dense_offsets(root), rc, ack, once, err, sink_check]
+    return CheckReport(checks=checks, counts=counts)
+
+
+def format_checks(report: CheckReport) -> Iterable[str]:
+    for c in report.checks:
+        yield f"  {'PASS' if c.ok else 'FAIL'}  {c.name:<15} {c.checked:>7,} checked, {c.total_violations} violation(s)"
+        for example in c.violations:
+            yield f"          - {example}"

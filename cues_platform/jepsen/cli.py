@@ -1,0 +1,40 @@
+"""``cues jepsen`` (and ``python -m cues_platform.jepsen``): run the harness once."""
+
+from __future__ import annotations
+
+import random
+import sys
+import tempfile
+from pathlib import Path
+
+import click
+
+
+@click.command("jepsen")
+@click.option("--seed", type=int, default=None,
+              help="Replay this seed (default: a random one, printed first).")
+@click.option("--duration", type=float, default=90.0, show_default=True,
+              help="Seconds of faults (then heal, drain and check).")
+@click.option("--keys", type=int, default=2_000, show_default=True, help="Keys the feeders send.")
+@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Folder for the lake, logs and report.json (recreated; default: a new temp folder).")
+@click.option("--lost-ack-rate", type=float, default=0.05, show_default=True,
+              help="Share of idempotent batches whose acknowledgement is lost.")
+@click.option("--no-concurrent", is_flag=True, help="Never run two runners at once.")
+@click.option("--no-maintenance", is_flag=True, help="No compaction/vacuum racing.")
+@click.option("--resend-in-txn", is_flag=True,
+              help="Also resend batches inside transactions (a lost ack within a transaction).")
+def jepsen(seed: int | None, duration: float, keys: int, workdir: Path | None, lost_ack_rate: float,
+           no_concurrent: bool, no_maintenance: bool, resend_in_txn: bool) -> None:
+    """Jepsen-style harness: `cues run` of a 5-processor graph under SIGKILL/SIGTERM, killed
+    feeders, lost acks, concurrent runners and racing maintenance; an independent checker reads the
+    Delta tables. Exit 0 when every check passes, 1 otherwise."""
+    from cues_platform.jepsen.run import HarnessConfig, run_harness
+
+    seed = random.randrange(1 << 31) if seed is None else seed
+    workdir = workdir or Path(tempfile.mkdtemp(prefix=f"cues-jepsen-{seed}-"))
+    config = HarnessConfig(seed=seed, workdir=workdir, duration=duration, keys=keys,
+                           lost_ack_rate=lost_ack_rate, concurrent=not no_concurrent,
+                           maintenance=not no_maintenance, resend_in_txn=resend_in_txn)
+    result = run_harness(config, echo=lambda line: click.echo(line))
+    sys.exit(0 if result.ok else 1)

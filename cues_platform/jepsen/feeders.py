@@ -1,0 +1,128 @@
+"""Feeder processes: what a producing application does, killed at random by the nemesis.
+
+Each feeder resumes from its own durable progress, so every key is eventually sent and
+acknowledged whatever the kills:
+
+- ``idem``: an idempotent producer sends batch ``b`` of its plan with sequence ``b`` and logs ``b``
+  in its ack log once ``send`` returned (a key is acknowledged only then). After a kill it resends
+  the first batch not logged, with the same sequence: if that batch had landed, the resend must be
+  recognised (``duplicate=True``, the same offsets). Injected lost acknowledgements: for some
+  batches the commit lands and then the caller either gets no answer (it resends the same batch
+  with the same sequence at once) or is killed (SIGKILL of itself; the next start resends).
+- ``txn``: a transactional producer sends transaction ``t`` (its keys plus a progress row in the
+  same transaction) and commits it, or aborts it on purpose when the plan says so. After a kill,
+  ``init_transactions`` aborts what was open; the committed progress rows (read_committed) say
+  which transactions landed, so none is committed twice.
+
+Anything a feeder sees that breaks the producer's promise (a resend not recognised, other
+offsets) is written to ``anomalies.log`` in the run folder and reported by the harness.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from cues_platform.jepsen import workload as w
+from cues_platform.queues import Lake, TransactionalProducer
+
+LOST_ACK_LOG = "lost-acks.log"
+ANOMALIES_LOG = "anomalies.log"
+
+
+def _append_line(path: Path, text: str) -> None:
+    with open(path, "a") as f:
+        f.write(text + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def run_idem(*, lake: Lake, run_dir: Path, plan: w.Plan, index: int, lost_ack_rate: float,
+             pace: float) -> None:
+    name = f"idem{index}"
+    batches = plan.idem_batches[index]
+    log = run_dir / w.ack_log_name(name)
+    lost_log = run_dir / LOST_ACK_LOG
+    already_lost = {line for line in (lost_log.read_text().splitlines() if lost_log.exists() else [])}
+    done = w.read_acked(log)
+    producer = lake.queue(w.SRC_IDEM).producer(producer_id=f"jepsen-{name}")
+    for b in range(max(done, default=-1) + 1, len(batches)):
+        data = w.batch_table(list(batches[b]))
+        result = producer.send(data, partition=w.PARTITION, sequence=b)
+        rng = random.Random(f"{plan.seed}/lost/{name}/{b}")
+        if rng.random() < lost_ack_rate and f"{name}:{b}" not in already_lost:
+            _append_line(lost_log, f"{name}:{b}")
+            if rng.random() < 0.5:
+                os.kill(os.getpid(), signal.SIGKILL)  # the ack is lost with the caller
+            again = producer.send(data, partition=w.PARTITION, sequence=b)  # no answer: resend
+            if not again.duplicate or dict(again.ranges) != dict(result.ranges):
+                _append_line(run_dir / ANOMALIES_LOG, json.dumps({
+                    "feeder": name, "batch": b, "first": {p: list(r) for p, r in result.ranges.items()},
+                    "resend": {p: list(r) for p, r in again.ranges.items()},
+                    "duplicate": again.duplicate}))
+        _append_line(log, str(b))
+        time.sleep(pace)
+
+
+def committed_txns(lake: Lake) -> set[int]:
+    """Transactions whose progress row is visible read_committed (the feeder's own bookkeeping)."""
+    table = lake.queue(w.TXN_PROGRESS).read_arrow(partition=w.PARTITION)
+    return {int(t) for t in table["txn"].to_pylist()}
+
+
+def run_txn(*, lake: Lake, run_dir: Path, plan: w.Plan, pace: float, resend_in_txn: bool) -> None:
+    log = run_dir / w.ack_log_name("txn")
+    txp = TransactionalProducer(lake, transactional_id="jepsen-txn")
+    txp.init_transactions()  # fences a killed instance and aborts what it left open
+    committed = committed_txns(lake)
+    logged = set(w.read_acked(log))
+    for t in sorted(committed - logged):  # committed, but the kill came before the log line
+        _append_line(log, str(t))
+    src, progress = lake.queue(w.SRC_TXN), lake.queue(w.TXN_PROGRESS)
+    for t in range(max(committed, default=-1) + 1, len(plan.txn_batches)):
+        data = w.batch_table(list(plan.txn_batches[t]))
+        txp.begin()
+        txp.send(src, data, partition=w.PARTITION)
+        if resend_in_txn and random.Random(f"{plan.seed}/txnresend/{t}").random() < 0.3:
+            txp.send(src, data, partition=w.PARTITION)  # the ack of the first send was lost
+        txp.send(progress, {"feeder": ["txn"], "txn": [t]}, partition=w.PARTITION)
+        if plan.aborted(t):
+            txp.abort()
+        else:
+            txp.commit()
+            _append_line(log, str(t))
+        time.sleep(pace)
+
+
+@click.command()
+@click.argument("kind", type=click.Choice(["idem", "txn"]))
+@click.option("--lake", "lake_root", required=True)
+@click.option("--run-dir", required=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--seed", type=int, required=True)
+@click.option("--keys", type=int, required=True)
+@click.option("--index", type=int, default=0)
+@click.option("--lost-ack-rate", type=float, default=0.0)
+@click.option("--pace", type=float, default=0.0, help="Seconds between batches.")
+@click.option("--resend-in-txn", is_flag=True)
+def main(kind: str, lake_root: str, run_dir: Path, seed: int, keys: int, index: int,
+         lost_ack_rate: float, pace: float, resend_in_txn: bool) -> None:
+    """One feeder process (started and killed by the harness)."""
+    lake, plan = Lake(root=lake_root), w.Plan(seed=seed, keys=keys)
+    if kind == "idem":
+        run_idem(lake=lake, run_dir=run_dir, plan=plan, index=index, lost_ack_rate=lost_ack_rate,
+                 pace=pace)
+    else:
+        run_txn(lake=lake, run_dir=run_dir, plan=plan, pace=pace, resend_in_txn=resend_in_txn)
+    print(f"feeder {kind}{index if kind == 'idem' else ''}: done", flush=True)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,355 @@
+"""The nemesis: real child processes (runners, feeders) killed at random moments, and
+maintenance racing with appends and readers.
+
+Every child is started with ``start_new_session=True`` so it leads its own process group, and is
+killed with ``os.killpg``: a runner's group holds its Spark JVM, which dies with it.
+
+Kinds of fault (chosen by the seeded random generator; the moments depend on the machine's
+speed, so a replay re-runs the same kinds in the same order against the same keys):
+
+- ``kill_by_progress``: SIGKILL (or SIGTERM) the runner once a random number of further backing
+  commits exist (snapshots, attempts, fences of any processor), so kills land at random protocol
+  points (inside a commit, between a fork's commits, in a sink's effect, ...).
+- ``kill_in_recovery``: start a runner and SIGKILL it once 1..4 of its processors have fenced
+  (their backing queue got the new epoch commit): the others have not recovered yet.
+- ``kill_after_start``: SIGKILL or SIGTERM a runner 0.5-8 s after it started (Spark starting,
+  recovery, the first steps).
+- ``kill_feeder``: SIGKILL a feeder (idempotent or transactional) mid-stream; it is restarted.
+- ``concurrent``: a second runner of the same graph on the same lake for a while, then one of the
+  two is killed.
+- Maintenance (a thread): compaction, checkpoints and vacuum (retention 1 h) of random queues via
+  the Queue maintenance API, and now and then ``cues queue maintain`` as a child process.
+- A tailer (a thread) reads ``enriched`` read_committed and commits its position throughout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cues_platform.jepsen import workload as w
+
+GRAPH_FILE = Path(__file__).resolve().parent / "user" / "jepsen_graph.py"
+GRAPH_REF = f"{GRAPH_FILE}:graph"
+
+
+@dataclass
+class Child:
+    name: str
+    kind: str  # "runner" | "feeder"
+    proc: subprocess.Popen
+    log: Path
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+
+    def tail(self, chars: int = 1200) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-chars:]
+        except FileNotFoundError:
+            return ""
+
+
+def spawn(name: str, kind: str, argv: list[str], log: Path) -> Child:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        out.write(f"\n=== {name}: {' '.join(argv)}\n".encode())
+        out.flush()
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return Child(name, kind, proc, log)
+
+
+def backing_versions(lake_root: Path) -> dict[str, int]:
+    """Newest Delta version of each processor's backing queue (-1: none yet): a cheap progress
+    gauge that counts snapshots, attempts and recovery fences."""
+    out = {}
+    for pid in w.PROCESSORS:
+        log = lake_root / "_cues" / "backing" / pid / "_delta_log"
+        try:
+            names = [n for n in os.listdir(log) if n.endswith(".json") and n[:20].isdigit()]
+        except FileNotFoundError:
+            names = []
+        out[pid] = max((int(n[:20]) for n in names), default=-1)
+    return out
+
+
+def progress(lake_root: Path) -> int:
+    return sum(v + 1 for v in backing_versions(lake_root).values())
+
+
+@dataclass
+class Stats:
+    kills: Counter = field(default_factory=Counter)
+    concurrent_periods: int = 0
+    runner_starts: int = 0
+    feeder_starts: int = 0
+    maintenance_runs: int = 0
+    maintenance_errors: list[str] = field(default_factory=list)
+    tailer_rows: int = 0
+    tailer_errors: list[str] = field(default_factory=list)
+    unexpected_exits: list[str] = field(default_factory=list)
+    expected_exits: Counter = field(default_factory=Counter)
+    actions: list[str] = field(default_factory=list)
+
+
+class Nemesis:
+    """Owns the children and the fault schedule of one run."""
+
+    def __init__(self, *, lake_root: Path, run_dir: Path, seed: int, plan: w.Plan,
+                 feed_seconds: float, lost_ack_rate: float, resend_in_txn: bool,
+                 concurrent: bool = True) -> None:
+        self.concurrent = concurrent
+        self.lake_root, self.run_dir, self.plan = lake_root, run_dir, plan
+        self.rng = random.Random(f"{seed}/nemesis")
+        self.seed = seed
+        self.stats = Stats()
+        self.runners: list[Child] = []
+        self.feeders: dict[str, Child] = {}
+        self.done_feeders: set[str] = set()
+        self.feeder_fail: Counter = Counter()
+        self.lost_ack_rate, self.resend_in_txn = lost_ack_rate, resend_in_txn
+        self.paces = {f"idem{f}": feed_seconds / max(1, len(b)) for f, b in enumerate(plan.idem_batches)}
+        self.paces["txn"] = feed_seconds / max(1, len(plan.txn_batches))
+        self._counter = 0
+
+    # -- children ------------------------------------------------------------------------------
+    def _log(self, name: str) -> Path:
+        return self.run_dir / "logs" / f"{name}.log"
+
+    def start_runner(self, *, idle_exit: float | None = None) -> Child:
+        self._counter += 1
+        argv = [sys.executable, "-m", "cues_platform.cli", "run", GRAPH_REF,
+                "--lake", str(self.lake_root), "--no-progress"]
+        if idle_exit is not None:
+            argv += ["--idle-exit", str(idle_exit)]
+        child = spawn(f"runner-{self._counter}", "runner", argv, self._log(f"runner-{self._counter}"))
+        self.runners.append(child)
+        self.stats.runner_starts += 1
+        return child
+
+    def start_feeder(self, name: str) -> Child:
+        common = ["--lake", str(self.lake_root), "--run-dir", str(self.run_dir), "--seed",
+                  str(self.plan.seed), "--keys", str(self.plan.keys), "--pace", f"{self.paces[name]:.4f}"]
+        if name == "txn":
+            args = ["txn", *common] + (["--resend-in-txn"] if self.resend_in_txn else [])
+        else:
+            args = ["idem", *common, "--index", name.removeprefix("idem"),
+                    "--lost-ack-rate", str(self.lost_ack_rate)]
+        child = spawn(name, "feeder", [sys.executable, "-m", "cues_platform.jepsen.feeders", *args],
+                      self._log(name))
+        self.feeders[name] = child
+        self.stats.feeder_starts += 1
+        return child
+
+    def feeder_names(self) -> list[str]:
+        return [f"idem{f}" for f in range(self.plan.idem_feeders)] + ["txn"]
+
+    def tend(self, *, restart_runner: bool = True) -> None:
+        """Reap exited children, restart unfinished feeders, keep one runner going."""
+        for name in self.feeder_names():
+            child = self.feeders.get(name)
+            if name in self.done_feeders or (child is not None and child.alive):
+                continue
+            if child is not None:
+                rc = child.proc.returncode
+                if rc == 0:
+                    self.done_feeders.add(name)
+                    continue
+                if rc not in (-signal.SIGKILL, -signal.SIGTERM):
+                    self.feeder_fail[name] += 1
+                    self.stats.unexpected_exits.append(f"feeder {name} exited {rc}: {child.tail(600)}")
+                    if self.feeder_fail[name] > 5:
+                        raise RuntimeError(f"feeder {name} keeps failing (rc {rc}); see {child.log}")
+            self.start_feeder(name)
+        for child in list(self.runners):
+            if not child.alive:
+                self.runners.remove(child)
+                self._note_runner_exit(child)
+        if restart_runner and not self.runners:
+            self.start_runner()
+
+    def _note_runner_exit(self, child: Child) -> None:
+        rc = child.proc.returncode
+        tail = child.tail(3000)
+        if rc in (-signal.SIGKILL, -signal.SIGTERM) or (rc == 0 and getattr(child, "signalled", False)):
+            return
+        if rc == 2 and "fenced" in tail.lower():
+            self.stats.expected_exits["runner fenced by a newer runner"] += 1
+            return
+        if rc == 0 and "stop requested" in tail:
+            return
+        lines = [ln for ln in tail.splitlines() if ln.strip()]
+        self.stats.unexpected_exits.append(f"{child.name} exited {rc}: " + " | ".join(lines[-4:]))
+
+    def kill(self, child: Child, sig: int, label: str) -> None:
+        if not child.alive:
+            return
+        child.signalled = True  # type: ignore[attr-defined]
+        child.signal(sig)
+        self.stats.kills[label] += 1
+        if sig == signal.SIGTERM:
+            try:
+                child.proc.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                child.signal(signal.SIGKILL)
+                self.stats.kills["sigterm_not_obeyed_in_90s"] += 1
+        child.proc.wait(timeout=60)
+        child.signal(signal.SIGKILL)  # leftovers of the group (the JVM), if any
+
+    def wait_progress(self, target: int, child: Child, deadline: float) -> None:
+        while child.alive and progress(self.lake_root) < target and time.monotonic() < deadline:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.proc.wait(timeout=0.05)
+
+    # -- faults ----------------------------------------------------------------------------------
+    def _sig(self) -> tuple[int, str]:
+        return (signal.SIGKILL, "SIGKILL") if self.rng.random() < 0.7 else (signal.SIGTERM, "SIGTERM")
+
+    def act(self, until: float) -> None:
+        action = self.rng.choices(
+            ["kill_by_progress", "kill_in_recovery", "kill_after_start", "kill_feeder", "concurrent"],
+            weights=[4, 2, 1, 2, 1 if self.concurrent else 0])[0]
+        self.stats.actions.append(action)
+        runner = self.runners[-1]
+        if action == "kill_by_progress":
+            self.wait_progress(progress(self.lake_root) + self.rng.randint(1, 12), runner,
+                               min(until, time.monotonic() + 60))
+            sig, label = self._sig()
+            self.kill(runner, sig, f"runner {label} by progress")
+        elif action == "kill_in_recovery":
+            self.kill(runner, signal.SIGKILL, "runner SIGKILL (to restart)")
+            before = backing_versions(self.lake_root)
+            fresh = self.start_runner()
+            want = self.rng.randint(1, len(w.PROCESSORS) - 1)
+            deadline = min(until + 30, time.monotonic() + 90)
+            while fresh.alive and time.monotonic() < deadline:
+                now = backing_versions(self.lake_root)
+                if sum(now[p] > before[p] for p in now) >= want:
+                    break
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    fresh.proc.wait(timeout=0.02)
+            self.kill(fresh, signal.SIGKILL, "runner SIGKILL inside recovery")
+        elif action == "kill_after_start":
+            self.kill(runner, signal.SIGKILL, "runner SIGKILL (to restart)")
+            fresh = self.start_runner()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                fresh.proc.wait(timeout=self.rng.uniform(0.5, 8.0))
+            sig, label = self._sig()
+            self.kill(fresh, sig, f"runner {label} right after start")
+        elif action == "kill_feeder":
+            alive = [c for n, c in sorted(self.feeders.items()) if c.alive]
+            if not alive:
+                return
+            victim = self.rng.choice(alive)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                victim.proc.wait(timeout=self.rng.uniform(0.0, 2.0))
+            self.kill(victim, signal.SIGKILL, f"feeder SIGKILL ({'txn' if victim.name == 'txn' else 'idempotent'})")
+        elif action == "concurrent":
+            second = self.start_runner()
+            self.stats.concurrent_periods += 1
+            target = progress(self.lake_root) + self.rng.randint(4, 16)
+            deadline = min(until + 30, time.monotonic() + 60)
+            while (runner.alive or second.alive) and progress(self.lake_root) < target \
+                    and time.monotonic() < deadline:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    second.proc.wait(timeout=0.05)
+            victim = self.rng.choice([runner, second])
+            sig, label = self._sig()
+            self.kill(victim, sig, f"runner {label} during a concurrent period")
+
+    def stop_all(self) -> None:
+        for child in [*self.runners, *self.feeders.values()]:
+            if child.alive:
+                child.signal(signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.proc.wait(timeout=30)
+
+
+class Background:
+    """Maintenance and a tailer racing with everything else, in threads, until ``stop``."""
+
+    def __init__(self, *, lake_root: Path, seed: int, stats: Stats, log: Path) -> None:
+        self.lake_root, self.stats, self.log = lake_root, stats, log
+        self.rng = random.Random(f"{seed}/maintenance")
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._maintain, name="jepsen-maintenance", daemon=True),
+                        threading.Thread(target=self._tail, name="jepsen-tailer", daemon=True)]
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def join(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            if t.ident is not None:  # started
+                t.join(timeout=300)
+
+    def _maintain(self) -> None:
+        from cues_platform.queues import Lake
+        from cues_platform.queues.maintenance import compact, maintain, vacuum
+
+        lake = Lake(root=str(self.lake_root))
+        queues = [w.SRC_IDEM, w.SRC_TXN, w.MERGED, w.VALIDATED, w.LEFT, w.RIGHT, w.ENRICHED, w.ERRORS]
+        while not self.stop.wait(self.rng.uniform(0.5, 4.0)):
+            name = self.rng.choice(queues)
+            how = self.rng.choice(["maintain", "compact", "vacuum", "cli"])
+            try:
+                if how == "cli":
+                    proc = subprocess.run(
+                        [sys.executable, "-m", "cues_platform.cli", "queue", "maintain", name,
+                         "--retention-hours", "1", "--lake", str(self.lake_root)],
+                        capture_output=True, text=True, timeout=300)
+                    if proc.returncode != 0:
+                        raise RuntimeError(f"cues queue maintain exited {proc.returncode}: {proc.stderr[-500:]}")
+                else:
+                    queue = lake.queue(name)
+                    if how == "maintain":
+                        maintain(queue, retention_hours=1.0)
+                    elif how == "compact":
+                        compact(queue)
+                    else:
+                        vacuum(queue, retention_hours=1.0)
+                self.stats.maintenance_runs += 1
+            except Exception as exc:  # noqa: BLE001 - every failure is reported, none is hidden
+                self.stats.maintenance_errors.append(f"{how} {name}: {type(exc).__name__}: {exc}"[:400])
+
+    def _tail(self) -> None:
+        from cues_platform.queues import Lake
+
+        lake = Lake(root=str(self.lake_root))
+        tailer = None
+        while not self.stop.wait(0.2):
+            try:
+                if tailer is None:
+                    if not lake.has_queue(w.ENRICHED):
+                        continue
+                    tailer = lake.queue(w.ENRICHED).tailer("jepsen-tailer", partition=w.PARTITION)
+                position = tailer.position
+                rows = tailer.read_arrow(max_messages=500)
+                offsets = rows["_offset"].to_pylist()
+                if offsets and offsets != list(range(position, position + len(offsets))):
+                    self.stats.tailer_errors.append(
+                        f"tailer read offsets {offsets[:3]}..{offsets[-3:]} from position {position}")
+                if offsets:
+                    tailer.commit()
+                    self.stats.tailer_rows += len(offsets)
+            except Exception as exc:  # noqa: BLE001 - reported, never hidden
+                self.stats.tailer_errors.append(f"{type(exc).__name__}: {exc}"[:400])
+                tailer = None

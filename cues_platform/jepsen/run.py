@@ -1,0 +1,197 @@
+"""One harness run: set up the lake, feed it under the nemesis, heal, drain, check, report.
+
+Delivery contract of :func:`run_harness`:
+
+1. Print the seed first (``--seed`` replays the same plan and fault schedule).
+2. Create the graph's queues and the transactional feeder's progress queue.
+3. Start the feeders and one runner; for ``duration`` seconds let the nemesis act (kills of every
+   kind, concurrent runners) while maintenance and a tailer race in the background (until the
+   drain is over).
+4. Heal: stop the faults, let every feeder finish (restarting killed ones), stop the runners.
+5. Drain: ``cues run --idle-exit`` until no processor has work (retried if it fails, which is
+   reported).
+6. Check the lake with the independent checker and print the one-screen report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cues_platform.jepsen import workload as w
+from cues_platform.jepsen.checker import CheckReport, Expectation, check_lake, format_checks
+from cues_platform.jepsen.nemesis import GRAPH_REF, Background, Nemesis, Stats
+
+
+@dataclass(frozen=True)
+class HarnessConfig:
+    seed: int
+    workdir: Path
+    duration: float = 90.0  # seconds of faults
+    keys: int = 2_000
+    idem_feeders: int = 2
+    lost_ack_rate: float = 0.05
+    concurrent: bool = True
+    maintenance: bool = True
+    resend_in_txn: bool = False
+    drain_timeout: float = 600.0
+    idle_exit: float = 6.0
+
+
+@dataclass
+class HarnessResult:
+    config: HarnessConfig
+    report: CheckReport
+    stats: Stats
+    acked: int
+    sent_keys: int
+    drain_attempts: int
+    anomalies: list[str] = field(default_factory=list)
+    elapsed: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.report.ok and not self.anomalies
+
+    def replay_command(self) -> str:
+        c = self.config
+        flags = [f"--lost-ack-rate {c.lost_ack_rate:g}"] if c.lost_ack_rate != 0.05 else []
+        flags += [f for f, on in (("--no-concurrent", not c.concurrent),
+                                  ("--no-maintenance", not c.maintenance),
+                                  ("--resend-in-txn", c.resend_in_txn)) if on]
+        return " ".join([f"python -m cues_platform.jepsen --seed {c.seed} --duration {c.duration:g} "
+                         f"--keys {c.keys}", *flags])
+
+    def lines(self) -> list[str]:
+        s, c = self.stats, self.config
+        out = [f"jepsen seed {c.seed}: {'PASS' if self.ok else 'FAIL'} in {self.elapsed:.0f}s "
+               f"(replay: {self.replay_command()})",
+               f"  lake {c.workdir / 'lake'}",
+               f"  keys: {self.sent_keys:,} planned, {self.acked:,} acknowledged, "
+               f"{self.report.counts.get('visible_input_keys', 0):,} visible, "
+               f"{self.report.counts.get('keys_in_error_rows', 0):,} rejected with their batch "
+               f"({self.report.counts.get('error_rows', 0)} error rows)",
+               f"  kills: {sum(s.kills.values())} — " + ", ".join(f"{k} {n}" for k, n in sorted(s.kills.items())),
+               f"  runners started {s.runner_starts}, feeders started {s.feeder_starts}, "
+               f"concurrent periods {s.concurrent_periods}, maintenance runs {s.maintenance_runs}, "
+               f"tailer rows {s.tailer_rows}, drain attempts {self.drain_attempts}"]
+        if s.expected_exits:
+            out.append("  expected exits: " + ", ".join(f"{k} {n}" for k, n in s.expected_exits.items()))
+        out += list(format_checks(self.report))
+        for title, items in (("anomalies", self.anomalies),
+                             ("unexpected process exits", s.unexpected_exits),
+                             ("maintenance errors", s.maintenance_errors),
+                             ("tailer errors", s.tailer_errors)):
+            if items:
+                out.append(f"  {title} ({len(items)}):")
+                out += [f"    - {item[:300]}" for item in items[:5]]
+        return out
+
+    def to_dict(self) -> dict:
+        s = self.stats
+        return {"seed": self.config.seed, "ok": self.ok, "elapsed": self.elapsed,
+                "keys": self.sent_keys, "acked": self.acked, "kills": dict(s.kills),
+                "concurrent_periods": s.concurrent_periods, "runner_starts": s.runner_starts,
+                "feeder_starts": s.feeder_starts, "maintenance_runs": s.maintenance_runs,
+                "maintenance_errors": s.maintenance_errors, "tailer_errors": s.tailer_errors,
+                "unexpected_exits": s.unexpected_exits, "anomalies": self.anomalies,
+                "drain_attempts": self.drain_attempts, "actions": s.actions,
+                "report": self.report.to_dict()}
+
+
+def _setup(lake_root: Path) -> None:
+    from cues_platform.processing.loader import load_graph
+    from cues_platform.processing.runner import create_queues
+    from cues_platform.queues import Lake
+
+    lake = Lake(root=str(lake_root))
+    create_queues(load_graph(GRAPH_REF), lake)
+    lake.create_queue(w.TXN_PROGRESS, schema=w.PROGRESS, partitions=(w.PARTITION,), exist_ok=True)
+
+
+def run_harness(config: HarnessConfig, *, echo: Callable[[str], None] = print) -> HarnessResult:
+    """Run the harness once; see the module docstring."""
+    # Step 1
+    echo(f"jepsen seed: {config.seed}")
+    started = time.monotonic()
+    workdir = config.workdir
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True)
+    lake_root = workdir / "lake"
+    plan = w.Plan(seed=config.seed, keys=config.keys, idem_feeders=config.idem_feeders)
+    # Step 2
+    _setup(lake_root)
+    nemesis = Nemesis(lake_root=lake_root, run_dir=workdir, seed=config.seed, plan=plan,
+                      feed_seconds=config.duration * 0.6, lost_ack_rate=config.lost_ack_rate,
+                      resend_in_txn=config.resend_in_txn, concurrent=config.concurrent)
+    background = Background(lake_root=lake_root, seed=config.seed, stats=nemesis.stats,
+                            log=workdir / "logs" / "maintenance.log")
+    drain_attempts = 0
+    try:
+        # Step 3
+        nemesis.tend()
+        if config.maintenance:
+            background.start()
+        until = time.monotonic() + config.duration
+        while time.monotonic() < until:
+            nemesis.tend()
+            nemesis.act(until)
+        echo(f"jepsen seed {config.seed}: faults over ({sum(nemesis.stats.kills.values())} kills); healing")
+        # Step 4 (maintenance and the tailer go on racing until the drain is over)
+        deadline = time.monotonic() + config.drain_timeout
+        while len(nemesis.done_feeders) < len(nemesis.feeder_names()):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"feeders did not finish within {config.drain_timeout:.0f}s; "
+                                   f"logs in {workdir / 'logs'}")
+            nemesis.tend()
+            for child in nemesis.feeders.values():
+                if child.alive:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        child.proc.wait(timeout=1.0)
+                    break
+        for runner in list(nemesis.runners):
+            nemesis.kill(runner, signal.SIGTERM, "runner SIGTERM (heal)")
+            nemesis.runners.remove(runner)
+        # Step 5
+        while True:
+            drain_attempts += 1
+            runner = nemesis.start_runner(idle_exit=config.idle_exit)
+            try:
+                rc = runner.proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                nemesis.kill(runner, signal.SIGKILL, "runner SIGKILL (drain timed out)")
+                raise TimeoutError(f"the drain did not finish within {config.drain_timeout:.0f}s; "
+                                   f"logs in {workdir / 'logs'}") from None
+            nemesis.runners.remove(runner)
+            if rc == 0:
+                break
+            nemesis._note_runner_exit(runner)
+            if drain_attempts >= 3:
+                raise RuntimeError(f"the drain runner failed {drain_attempts} times; last: "
+                                   f"{runner.tail(1500)}")
+    finally:
+        background.join()
+        nemesis.stop_all()
+    # Step 6
+    expectation = Expectation.from_run(plan, workdir)
+    report = check_lake(lake_root, expectation)
+    anomalies_log = workdir / "anomalies.log"
+    anomalies = anomalies_log.read_text().splitlines() if anomalies_log.exists() else []
+    result = HarnessResult(config=config, report=report, stats=nemesis.stats,
+                           acked=len(expectation.acked), sent_keys=len(plan.all_keys),
+                           drain_attempts=drain_attempts, anomalies=anomalies,
+                           elapsed=time.monotonic() - started)
+    (workdir / "report.json").write_text(json.dumps(result.to_dict(), indent=2, default=str))
+    for line in result.lines():
+        echo(line)
+    sys.stdout.flush()
+    return result

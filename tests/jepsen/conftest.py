@@ -1,0 +1,98 @@
+"""Hand-made lakes for the checker's own tests: real Delta tables written with deltalake."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import CommitProperties, Transaction, write_deltalake
+
+from cues_platform.jepsen import workload as w
+from cues_platform.jepsen.checker import Expectation
+
+IDEM = [w.idem_key(0, j) for j in range(10)]
+TXN_OK = [w.txn_key(0, 0), w.txn_key(0, 1)]  # transaction jepsen-txn#0, committed
+TXN_ABORTED = [w.txn_key(1, 0)]  # transaction jepsen-txn#1, aborted on purpose
+REJECTED = IDEM[9]  # the one key the hand-made rule rejects
+
+
+def rows(keys: list[str], *, offsets: list[int] | None = None, txn: str | None = None) -> pa.Table:
+    offsets = list(range(len(keys))) if offsets is None else offsets
+    n = len(keys)
+    return pa.table({"key": pa.array(keys, pa.string()),
+                     "n": pa.array([w.key_number(k) for k in keys], pa.int64()),
+                     "_partition": pa.array(["0"] * n, pa.string()),
+                     "_offset": pa.array(offsets, pa.int64()),
+                     "_txn_id": pa.array([txn] * n, pa.string())})
+
+
+@dataclass
+class HandLake:
+    """A healthy lake of the harness's layout; tests change one thing and run the checker.
+
+    src_a: IDEM (offsets 0..9); src_t: TXN_OK (txn #0) then TXN_ABORTED (txn #1, offset 2);
+    merged: IDEM + TXN_OK; the error queue has one row covering merged [8, 12) (it holds
+    REJECTED); validated, left, right, enriched and the sink hold IDEM[:8]."""
+
+    root: Path
+    tables: dict[str, pa.Table] = field(default_factory=dict)
+    errors: list[dict] = field(default_factory=list)
+    decisions: list[tuple[str, str]] = field(default_factory=list)
+    markers: dict[str, int] = field(default_factory=dict)  # src_t app transactions txn:{id}
+    acked: set[str] = field(default_factory=set)
+
+    @classmethod
+    def healthy(cls, root: Path) -> HandLake:
+        lake = cls(root)
+        lake.tables[w.SRC_IDEM] = rows(IDEM)
+        lake.tables[w.SRC_TXN] = pa.concat_tables([rows(TXN_OK, txn="jepsen-txn#0"),
+                                                   rows(TXN_ABORTED, offsets=[2], txn="jepsen-txn#1")])
+        lake.tables[w.MERGED] = rows(IDEM + TXN_OK)
+        for q in (w.VALIDATED, w.LEFT, w.RIGHT, w.ENRICHED):
+            lake.tables[q] = rows(IDEM[:8])
+        lake.tables["sink"] = pa.table({"key": IDEM[:8], "hash": ["ab" * 16] * 8})
+        lake.errors = [{"processor": "validate", "step": 2, "exception_type": "jepsen_graph.Rejected",
+                        "inputs": json.dumps({"src": [w.MERGED, "0", 8, 12]})}]
+        lake.decisions = [("jepsen-txn#0", "begin"), ("jepsen-txn#0", "committed"),
+                          ("jepsen-txn#1", "begin"), ("jepsen-txn#1", "aborted")]
+        lake.markers = {"jepsen-txn#0": 1, "jepsen-txn#1": 2}
+        lake.acked = set(IDEM + TXN_OK)
+        return lake
+
+    def write(self) -> Path:
+        for name, table in self.tables.items():
+            if name == "sink":
+                write_deltalake(str(self.root / w.SINK_TABLE), table)
+                continue
+            props = None
+            if name == w.SRC_TXN:
+                props = CommitProperties(app_transactions=[
+                    Transaction(f"txn:{t}", v) for t, v in self.markers.items()])
+            write_deltalake(str(self.root / "queues" / name), table, partition_by=["_partition"],
+                            commit_properties=props)
+        n = len(self.errors)
+        errors = pa.table({
+            "processor": [e["processor"] for e in self.errors],
+            "step": pa.array([e["step"] for e in self.errors], pa.int64()),
+            "inputs": [e["inputs"] for e in self.errors],
+            "exception_type": [e["exception_type"] for e in self.errors],
+            "_partition": ["0"] * n, "_offset": pa.array(range(n), pa.int64())},
+            schema=pa.schema([("processor", pa.string()), ("step", pa.int64()), ("inputs", pa.string()),
+                              ("exception_type", pa.string()), ("_partition", pa.string()),
+                              ("_offset", pa.int64())]))
+        write_deltalake(str(self.root / "queues" / w.ERRORS), errors, partition_by=["_partition"])
+        write_deltalake(str(self.root / "_cues" / "transactions"), pa.table({
+            "txn_id": [t for t, _ in self.decisions], "action": [a for _, a in self.decisions]}))
+        return self.root
+
+    def expectation(self) -> Expectation:
+        return Expectation(acked=frozenset(self.acked), aborted_keys=frozenset(TXN_ABORTED),
+                           known_keys=frozenset(IDEM + TXN_OK), is_rejected=lambda k: k == REJECTED)
+
+
+@pytest.fixture
+def hand_lake(tmp_path: Path) -> HandLake:
+    return HandLake.healthy(tmp_path / "lake")

@@ -1,0 +1,124 @@
+"""The checker catches each violation class on hand-made Delta tables (and passes a healthy one)."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+from deltalake import CommitProperties, Transaction, write_deltalake
+
+from cues_platform.jepsen import workload as w
+from cues_platform.jepsen.checker import check_lake
+from tests.jepsen.conftest import IDEM, TXN_ABORTED, TXN_OK, rows
+
+
+def failing(hand_lake) -> dict[str, list[str]]:
+    report = check_lake(hand_lake.write(), hand_lake.expectation())
+    return {c.name: c.violations for c in report.checks if not c.ok}
+
+
+def test_a_healthy_lake_passes_every_check(hand_lake):
+    report = check_lake(hand_lake.write(), hand_lake.expectation())
+    assert report.ok, report.to_dict()
+    assert [c.name for c in report.checks] == ["dense_offsets", "read_committed", "acknowledged",
+                                               "exactly_once", "error_rows", "sink_once"]
+    assert report.counts["keys_in_error_rows"] == 4 and report.counts["visible_input_keys"] == 12
+    assert all(c.checked for c in report.checks)
+
+
+def test_a_duplicate_key_downstream(hand_lake):
+    hand_lake.tables[w.ENRICHED] = rows(IDEM[:8] + [IDEM[1]])  # offsets stay dense: 0..8
+    assert failing(hand_lake) == {"exactly_once": [f"enriched: key {IDEM[1]} is there 2 times"]}
+
+
+def test_a_duplicate_sink_effect(hand_lake):
+    hand_lake.tables["sink"] = pa.table({"key": IDEM[:8] + [IDEM[0]], "hash": ["ab" * 16] * 9})
+    got = failing(hand_lake)
+    assert got["sink_once"] == [f"sink effect of key {IDEM[0]} applied 2 times"]
+    assert got["exactly_once"] == [f"sink: key {IDEM[0]} is there 2 times"]
+
+
+def test_a_gap_in_offsets(hand_lake):
+    hand_lake.tables[w.SRC_IDEM] = rows(IDEM, offsets=[0, 1, 2, 3, 4, 6, 7, 8, 9, 10])
+    assert failing(hand_lake) == {"dense_offsets": [
+        "queues/src_a partition '0': offsets are not 0..9: missing [5], out of range [10]"]}
+
+
+def test_a_duplicate_offset(hand_lake):
+    hand_lake.tables[w.LEFT] = rows(IDEM[:8], offsets=[0, 1, 2, 3, 4, 5, 6, 6])
+    got = failing(hand_lake)["dense_offsets"]
+    assert got[0] == "queues/left partition '0': duplicate offsets [6] (1 in all)"
+
+
+def test_the_log_and_the_files_disagree_on_the_next_offset(hand_lake):
+    root = hand_lake.write()
+    write_deltalake(str(root / "queues" / w.RIGHT), rows([], offsets=[]).cast(rows(IDEM).schema),
+                    mode="append", commit_properties=CommitProperties(app_transactions=[Transaction("part:0", 9)]))
+    report = check_lake(root, hand_lake.expectation())
+    assert report.failed() == ["dense_offsets"]
+    assert report.check("dense_offsets").violations == [
+        "queues/right partition '0': the log says next offset 9 but the files hold offsets up to 7"]
+
+
+def test_an_aborted_transactions_row_is_processed(hand_lake):
+    hand_lake.tables[w.MERGED] = rows(IDEM + TXN_OK + TXN_ABORTED)
+    assert failing(hand_lake) == {"read_committed": [
+        f"merged: key {TXN_ABORTED[0]} of an aborted/undecided transaction was processed"]}
+
+
+def test_an_aborted_transaction_decided_committed_is_visible(hand_lake):
+    hand_lake.decisions.append(("jepsen-txn#1", "committed"))
+    got = failing(hand_lake)
+    assert "transaction jepsen-txn#1 was decided both committed and aborted" in got["read_committed"]
+    assert f"key {TXN_ABORTED[0]} of a transaction the feeder aborted is visible read_committed" in got["read_committed"]
+
+
+def test_a_queue_marker_that_contradicts_the_coordinator(hand_lake):
+    hand_lake.markers["jepsen-txn#1"] = 1  # the queue says committed, the coordinator aborted
+    assert failing(hand_lake) == {"read_committed": [
+        "queue src_t: marker of transaction jepsen-txn#1 says 1 but the coordinator says 2"]}
+
+
+def test_an_error_row_for_keys_the_function_did_not_reject(hand_lake):
+    hand_lake.errors.append({"processor": "validate", "step": 0, "exception_type": "jepsen_graph.Rejected",
+                             "inputs": json.dumps({"src": [w.MERGED, "0", 0, 4]})})
+    got = failing(hand_lake)
+    assert got["error_rows"] == ["error row at offset 1 (validate step 0, jepsen_graph.Rejected): its "
+                                 "input range holds no key the user's rule rejects (4 keys)"]
+    assert f"validated: key {IDEM[0]} is both in an error row and delivered (1x)" in got["exactly_once"]
+
+
+def test_a_platform_error_row_swallows_a_batch(hand_lake):
+    hand_lake.tables[w.MERGED] = rows(IDEM[:6] + IDEM[8:] + TXN_OK)  # merge's step over src_a [6, 8) ...
+    hand_lake.errors.insert(0, {"processor": "merge", "step": 1, "exception_type": "py4j.protocol.Py4JJavaError",
+                                "inputs": json.dumps({"a": [w.SRC_IDEM, "0", 6, 8], "t": [w.SRC_TXN, "0", 0, 0]})})
+    hand_lake.errors[1]["inputs"] = json.dumps({"src": [w.MERGED, "0", 6, 10]})  # ... went to an error row
+    for q in (w.VALIDATED, w.LEFT, w.RIGHT, w.ENRICHED):
+        hand_lake.tables[q] = rows(IDEM[:6])
+    hand_lake.tables["sink"] = pa.table({"key": IDEM[:6], "hash": ["ab" * 16] * 6})
+    got = failing(hand_lake)
+    assert got["error_rows"] == [
+        "error row at offset 0 (merge step 1, py4j.protocol.Py4JJavaError): not a rejection by the "
+        f"user's function; its batch of 2 key(s) is lost: {IDEM[6:8]}"]
+    assert got["exactly_once"][0] == (
+        f"merged: key {IDEM[6]} is there 0 times (expected once) (its batch went to the error row at "
+        "offset 0 (merge step 1, py4j.protocol.Py4JJavaError))")
+
+
+def test_a_missing_acknowledged_key(hand_lake):
+    hand_lake.acked.add(w.idem_key(0, 10))  # acknowledged to the feeder, never stored
+    assert failing(hand_lake) == {"acknowledged": [
+        f"acknowledged key {w.idem_key(0, 10)} is not visible in the inputs (lost)"]}
+
+
+def test_a_key_missing_downstream(hand_lake):
+    hand_lake.tables[w.ENRICHED] = rows(IDEM[:7])
+    assert failing(hand_lake) == {"exactly_once": [f"enriched: key {IDEM[7]} is missing"]}
+
+
+def test_a_rejected_key_delivered_instead_of_its_error_row(hand_lake):
+    hand_lake.errors = []
+    for q in (w.VALIDATED, w.LEFT, w.RIGHT, w.ENRICHED):
+        hand_lake.tables[q] = rows(IDEM + TXN_OK)
+    hand_lake.tables["sink"] = pa.table({"key": IDEM + TXN_OK, "hash": ["ab" * 16] * 12})
+    assert failing(hand_lake) == {"exactly_once": [f"key {IDEM[9]} is rejected by the user's rule but in no error row"]}

@@ -1,0 +1,68 @@
+"""The harness end to end: real `cues run` processes under the nemesis, checked independently.
+
+Bounded (CI): every command of docs/jepsen.md's ```bash blocks, exactly as printed (a random
+seed, printed first). Full size with CUES_SOAK=1: 20 minutes of faults over 40,000 keys. Either
+way every check must pass; a failure's message starts with the seed to replay.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support import ROOT, soak_enabled
+
+DOC = ROOT / "docs" / "jepsen.md"
+FULL = ["python", "-m", "cues_platform.jepsen", "--duration", "1200", "--keys", "40000"]
+
+
+def doc_commands() -> list[str]:
+    blocks = re.findall(r"```bash\n(.*?)```", DOC.read_text(), flags=re.S)
+    return [line.strip() for b in blocks for line in b.splitlines()
+            if line.strip() and not line.strip().startswith("#")]
+
+
+def executable(argv: list[str]) -> list[str]:
+    """`cues` and `python` of the documented command, from this interpreter's environment."""
+    if argv[0] == "cues":
+        return [str(Path(sys.executable).parent / "cues"), *argv[1:]]
+    if argv[0] == "python":
+        return [sys.executable, *argv[1:]]
+    raise AssertionError(f"docs/jepsen.md shows a command this test cannot run: {argv}")
+
+
+def run_harness(argv: list[str], tmp_path: Path, timeout: float) -> dict:
+    proc = subprocess.run(executable(argv), cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "TMPDIR": str(tmp_path)})
+    out = proc.stdout
+    first = out.splitlines()[0] if out else ""
+    seed = first.removeprefix("jepsen seed: ") if first.startswith("jepsen seed: ") else "?"
+    assert first.startswith("jepsen seed: "), f"the seed is not printed first:\n{out}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, (f"jepsen seed {seed} FAILED (replay with --seed {seed}):\n{out}\n"
+                                  f"{proc.stderr[-3000:]}")
+    lake = re.search(r"^  lake (.+)$", out, flags=re.M)
+    assert lake, out
+    return json.loads((Path(lake.group(1)).parent / "report.json").read_text())
+
+
+@pytest.mark.soak
+def test_jepsen_harness_every_check_passes(tmp_path):
+    commands = [shlex.split(c) for c in doc_commands()] if not soak_enabled() else [FULL]
+    assert commands, "docs/jepsen.md shows no command"
+    for argv in commands:
+        report = run_harness(argv, tmp_path, timeout=3600 if soak_enabled() else 900)
+        assert report["ok"], report
+        assert all(c["ok"] and c["checked"] > 0 for c in report["report"]["checks"]), report["report"]
+        # The faults really happened and the workload really ran.
+        assert sum(report["kills"].values()) >= 3, report["kills"]
+        assert report["runner_starts"] >= 3 and report["feeder_starts"] >= 3, report
+        assert report["acked"] == report["keys"], "every planned key is acknowledged in the end"
+        assert report["report"]["counts"]["error_rows"] >= 1, "the rule rejected no batch"
+        assert report["maintenance_runs"] >= 1 and report["tailer_rows"] > 0, report
