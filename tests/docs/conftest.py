@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -66,13 +67,22 @@ def run_printed(cmd: Command | str, cwd: Path, *, timeout: float, env: dict[str,
 
 
 @pytest.fixture
-def workspace(tmp_path: Path) -> Iterator[Path]:
-    """A fresh workspace; stops the embedded PostgreSQL servers a command left under ``.cues/``."""
-    ws = make_workspace(tmp_path / "ws")
-    yield ws
-    for pg in (ws / ".cues" / "postgres", ws / ".cues" / "participants" / "pg"):
-        if pg.exists():
-            stop_embedded_postgres(pg)
+def workspace() -> Iterator[Path]:
+    """A fresh workspace; stops the embedded PostgreSQL servers a command left under ``.cues/``.
+
+    It lives outside pytest's basetemp (as ``pg_dsn``'s server in tests/conftest.py does): concurrent
+    pytest sessions of the same user rotate those folders and make their parent private again, under
+    a running server whose own user then cannot reach its data directory.
+    """
+    base = Path(tempfile.mkdtemp(prefix="cues-docs-ws-"))
+    ws = make_workspace(base / "ws")
+    try:
+        yield ws
+    finally:
+        for pg in (ws / ".cues" / "postgres", ws / ".cues" / "participants" / "pg"):
+            if pg.exists():
+                stop_embedded_postgres(pg)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture

@@ -33,6 +33,8 @@ def test_usage_producers_transactions_tailers(spark: Any, chdir_tmp: Path,
     result = ns["result"]
     assert result.ranges == {"bank-b": (0, 1)} and not result.duplicate
     assert _payload(lake, "postings", "bank-b") == [("m1", 10.0, 0)]
+    again = ns["producer"].send({"message_id": ["m1"], "amount": [10.0]}, partition="bank-b", sequence=0)
+    assert again.duplicate and again.ranges == result.ranges  # the printed resend's return value
     # the buffered producer's flush and the transaction both committed to bank-a
     assert _payload(lake, "postings", "bank-a") == [("m2", 1.0, 0), ("m3", 5.0, 1)]
     # the tailer read bank-b with Spark and its position is durable (a new handle sees it)
