@@ -333,7 +333,9 @@ class ProducerInstance(InstanceLoop):
                     attempts = attempt.retry_state.attempt_number
                     result = producer.send_many(batches, sequence=seq)
         except Exception as exc:
-            # Step 4
+            # Step 4: a failed send leaves the producer pinned to this batch (or fenced by another
+            # instance that took the slot): the next publication opens a fresh producer (new epoch).
+            self._producers.pop(slot, None)
             self._record_bail(seq, items, attempts, started, exc)
             self.stats["bailed"] += 1
             raise PublishBailedError(
