@@ -267,11 +267,20 @@ def _check_ranges(ranges: dict[str, tuple[int, int]], adds: list[dict[str, Any]]
 def check_commits(
     queue: str, storage: TableStorage, versions: Iterable[int], *, files: bool = True
 ) -> list[Inconsistency]:
-    """:func:`check_commit` for each of ``versions`` (a missing entry counts as damage)."""
+    """:func:`check_commit` for each of ``versions``. A missing entry is damage, unless a
+    checkpoint at or after it exists (log cleanup removes entries a checkpoint superseded)."""
     out: list[Inconsistency] = []
+    checkpoint: int | None = None
+    versions = list(versions)
     for version in versions:
-        out += check_commit(queue, version, storage.read(commit_path(version)),
-                            storage=storage if files else None)
+        raw = storage.read(commit_path(version))
+        if raw is None:
+            if checkpoint is None:
+                found = newest_checkpoint(storage, max(versions))
+                checkpoint = -1 if found is None else found
+            if version <= checkpoint:
+                continue
+        out += check_commit(queue, version, raw, storage=storage if files else None)
     return out
 
 

@@ -191,3 +191,17 @@ def test_appends_check_each_new_commit_once_and_stay_correct(lake) -> None:
     assert other._verified == other.version() - 1
     assert q.read_arrow(partition="0")["id"].to_pylist() == list(range(7))
     assert verify_log(q) == []
+
+
+def test_files_compacted_and_vacuumed_by_another_handle_are_not_damage(lake) -> None:
+    from cues_platform.queues.maintenance import maintain
+
+    a = lake.create_queue("orders", schema=PAYLOAD)
+    a.append(rows(0, 1), partition="0")  # a has checked everything up to here
+    b = Lake(root=lake.root).queue("orders")
+    for i in range(1, 4):
+        b.append(rows(i, 1), partition="0")
+    maintain(b, retention_hours=0, unsafe_allow_short_retention=True)  # their files are gone
+    a.append(rows(4, 1), partition="0")  # a now checks b's commits: their files were compacted
+    assert a.read_arrow(partition="0")["id"].to_pylist() == list(range(5))
+    assert verify_log(a) == []
