@@ -76,6 +76,22 @@ def test_the_positions_table_whose_log_vanished_is_never_recreated_empty(make_qu
     assert str(positions) in str(info.value) and "system table 'positions'" in str(info.value)
 
 
+def test_the_coordinator_table_whose_log_vanished_is_never_recreated_empty(make_queue, lake) -> None:
+    from cues_platform.queues import TransactionalProducer
+
+    q = make_queue()
+    producer = TransactionalProducer(lake, transactional_id="tx")
+    producer.init_transactions()
+    producer.begin()
+    producer.send(q, rows(0, 2), partition="0")
+    producer.commit()
+    coordinator = Path(lake.system_uri("transactions"))
+    shutil.rmtree(coordinator / "_delta_log")
+    with pytest.raises(MissingLogError) as info:  # every decision (and epoch) would be forgotten
+        TransactionalProducer(lake, transactional_id="tx").init_transactions()
+    assert str(coordinator) in str(info.value)
+
+
 def test_concurrent_creators_of_one_queue_all_get_it(lake) -> None:
     """A commit being written by another creator is not 'content without a log'."""
     errors: list[BaseException] = []
