@@ -9,8 +9,8 @@ appending on top of it would reuse or skip offsets, so the appender refuses
     files hold (read from the snapshot's add actions, never the data);
 (b) **commit entries**: a commit file that is empty, not JSON (truncated), has no ``commitInfo``,
     or adds data files without the ``cues.ranges`` metadata the appender writes, or whose
-    declared ranges disagree with its add actions' row counts and offsets or its ``part:``
-    transactions (an emptied newest commit makes its batch vanish *consistently*, which (a)
+    declared rows (``operationMetrics.num_added_rows``, ``cues.ranges``) disagree with its add
+    actions' row counts and offsets or its ``part:`` transactions (an emptied newest commit makes its batch vanish *consistently*, which (a)
     cannot see; (b) can);
 (c) **missing data files**: a file the snapshot references is not in storage.
 
@@ -211,6 +211,14 @@ def check_commit(
     txns = {t["appId"]: int(t["version"]) for a in actions
             if isinstance(t := a.get("txn"), dict) and str(t.get("appId", "")).startswith(PARTITION_TXN)}
     problems: list[Inconsistency] = []
+    metrics = info.get("operationMetrics")
+    declared_rows = metrics.get("num_added_rows") if isinstance(metrics, dict) else None
+    if isinstance(declared_rows, int):
+        stored = sum(_num_records(a) for a in adds)
+        if stored != declared_rows:
+            problems.append(problem(
+                f"declares {declared_rows} added row(s) (operationMetrics) but its add actions "
+                f"hold {stored}"))
     ranges_text = info.get(RANGES_KEY)
     if ranges_text is None:
         if written:
@@ -230,6 +238,11 @@ def check_commit(
             f"data file {storage.location(rel)} of commit {path} is missing; {REPAIR_HINT}",
             path=rel, version=version) for rel in gone]
     return problems
+
+
+def _num_records(add: dict[str, Any]) -> int:
+    stats = json.loads(add["stats"]) if isinstance(add.get("stats"), str) else {}
+    return int(stats.get("numRecords", 0))
 
 
 def _check_ranges(ranges: dict[str, tuple[int, int]], adds: list[dict[str, Any]],

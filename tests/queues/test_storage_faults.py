@@ -165,8 +165,10 @@ def test_a_commit_that_lost_its_last_lines_is_detected_by_its_declared_ranges(la
     newest.write_text("".join(ln for ln in lines if '"_partition":"b"' not in ln or '"add"' not in ln))
     fresh = Lake(root=lake.root).queue("orders")
     _assert_refused(fresh, newest.name)
-    kinds = {(p.kind, p.partition) for p in verify_log(fresh)}
+    problems = verify_log(fresh)
+    kinds = {(p.kind, p.partition) for p in problems}
     assert ("commit", "b") in kinds  # declared rows 4 vs 0 in the files
+    assert any("declares 6 added row(s) (operationMetrics)" in p.detail for p in problems)
     assert ("rows", "b") in kinds  # and the statistics check: part:b = 4, files hold 0
 
 
