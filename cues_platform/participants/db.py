@@ -32,7 +32,7 @@ from cues_platform.participants.errors import DatabaseUnavailableError, Particip
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-_DB_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+_DB_NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")  # fullmatch: `$` accepts a trailing newline
 MIGRATION_LOCK = 0x6375_6573  # advisory lock key ("cues")
 
 MIGRATIONS: list[tuple[int, str, str]] = [
@@ -143,7 +143,7 @@ CREATE INDEX received_hash ON received (delivery_hash);
 
 
 def validate_database_name(name: str) -> str:
-    if not _DB_NAME.match(name):
+    if not _DB_NAME.fullmatch(name):
         raise ParticipantConfigError(
             f"invalid database name {name!r}: lowercase letter, then letters, digits, '_'",
             database=name,

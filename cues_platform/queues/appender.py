@@ -176,6 +176,7 @@ def append_batches(
     for attempt in range(1, max_attempts + 1):
         # Step 1
         dt = queue.refresh()
+        queue.ensure_appendable(dt)  # a damaged log (storage fault) refuses: LogIntegrityError
         # Step 2
         for guard in guards:
             done = guard(dt)

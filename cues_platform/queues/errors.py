@@ -83,3 +83,36 @@ class ReadTimeoutError(QueueError):
     """A blocking read saw no message before its timeout."""
 
     retryable = True
+
+
+class UnsafeRetentionError(QueueError):
+    """A vacuum asked for a retention shorter than the safe minimum without saying it is safe.
+
+    Files younger than the retention may belong to an append that has not committed yet, or to a
+    snapshot a reader still uses; deleting them loses data. Carries ``queue``,
+    ``retention_hours``, ``minimum_hours`` and ``keyword`` (the argument that overrides it).
+    """
+
+
+class LogIntegrityError(QueueError):
+    """A queue's Delta log disagrees with itself or with its files (an emptied, truncated or
+    missing commit, a lost data file): appending on top would reuse or skip offsets.
+
+    Not retryable: the log must be repaired first (restore the named file from a backup). Carries
+    ``queue``, ``path`` (the damaged commit or the missing file) and ``version`` when known.
+    """
+
+
+class MissingLogError(LogIntegrityError):
+    """A queue or system-table folder holds files but no Delta log: the log was lost.
+
+    Creating a new, empty table there would restart offsets at 0 and let vacuum delete the old
+    data files, so it is refused. Carries ``queue`` and ``path``.
+    """
+
+
+class PositionRangeError(OffsetRangeError):
+    """A tailer was asked to commit a position outside ``[0, next offset]`` of its partition.
+
+    Carries ``queue``, ``tailer``, ``partition``, ``position`` and ``valid`` (the inclusive range).
+    """

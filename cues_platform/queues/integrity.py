@@ -1,46 +1,311 @@
-"""Does a queue's log agree with its files? Checks shared by the appender and the auditor.
+"""Does a queue's log agree with itself and with its files? Checks shared by appender and auditor.
 
 A queue's offsets are dense per partition, from 0, and the app transaction ``part:{p}`` of the
-newest commit holds the next offset of partition ``p``. A storage fault (an emptied or truncated
-newest commit, a lost data file) breaks that agreement; appending on top of it would reuse or
-skip offsets, so the appender refuses and the auditor reports it.
+newest commit holds the next offset of partition ``p``. A storage fault breaks that agreement and
+appending on top of it would reuse or skip offsets, so the appender refuses
+(:class:`LogIntegrityError`) and the auditor reports it. Three kinds of damage are found:
 
-Known gap (to close): an emptied newest commit makes its batch vanish *consistently* (its files
-and its ``part:`` transaction both disappear), which these statistics cannot see; it needs a check
-of the commit entries themselves (every commit the platform writes carries commitInfo).
+(a) **statistics**: a partition's ``part:`` transaction disagrees with the rows and offsets its
+    files hold (read from the snapshot's add actions, never the data);
+(b) **commit entries**: a commit file that is empty, not JSON (truncated), has no ``commitInfo``,
+    or adds data files without the ``cues.ranges`` metadata the appender writes, or whose
+    declared rows (``operationMetrics.num_added_rows``, ``cues.ranges``) disagree with its add
+    actions' row counts and offsets or its ``part:`` transactions (an emptied newest commit makes its batch vanish *consistently*, which (a)
+    cannot see; (b) can);
+(c) **missing data files**: a file the snapshot references is not in storage.
+
+Cost: the appender checks (b) and (c) only for commits its handle has not seen yet (one small
+JSON read and one stat per new data file), see :meth:`Queue.ensure_appendable`. The full check,
+:func:`find_inconsistencies` (or :func:`verify_log` on a handle), reads every commit entry since
+the newest checkpoint and stats every data file: it is for the auditor and ``cues audit``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from deltalake import DeltaTable
 
 from cues_platform.queues.schema import OFFSET, PARTITION
 
+if TYPE_CHECKING:
+    from cues_platform.queues.queue import Queue
+
 PARTITION_TXN = "part:"
+RANGES_KEY = "cues.ranges"
+LOG_DIR = "_delta_log"
+REPAIR_HINT = (
+    "restore it from a backup (or a replica) and do not append to the queue until it is "
+    "repaired; `cues audit` lists every damaged entry"
+)
 
 
 @dataclass(frozen=True)
 class Inconsistency:
-    """One disagreement between a queue's log and its files."""
+    """One disagreement between a queue's log and its files.
+
+    ``kind``: ``"rows"`` / ``"offsets"`` (a ``part:`` transaction vs the files' statistics),
+    ``"commit"`` (a damaged commit entry), ``"missing-file"`` (a referenced data file is gone).
+    ``path`` is the damaged commit or the missing file, relative to the table, when known.
+    """
 
     queue: str
     partition: str | None
-    kind: str  # "offsets": part: app transaction vs the files' offsets; "rows": counts differ
+    kind: str
     detail: str
+    path: str | None = None
+    version: int | None = None
 
     def __str__(self) -> str:
         where = f"queue {self.queue!r}" + (f" partition {self.partition!r}" if self.partition else "")
         return f"{where}: {self.detail}"
 
 
-def find_inconsistencies(queue: str, dt: DeltaTable, partitions: Iterable[str]) -> list[Inconsistency]:
-    """Compare each declared partition's ``part:`` app transaction with its files' rows and offsets.
+# -- storage access (local paths directly, remote stores through delta-rs' object store) -----------
+class TableStorage:
+    """Raw reads under one table's folder: commit entries, file existence, listings."""
 
-    Reads only the snapshot's add actions (file statistics), never the data.
+    def __init__(self, uri: str, storage_options: Mapping[str, str] | None = None) -> None:
+        self.uri = uri.rstrip("/")
+        local = "://" not in uri or uri.startswith("file://")
+        self._root = Path(uri.removeprefix("file://")) if local else None
+        self._handler: Any = None
+        if not local:
+            from deltalake.fs import DeltaStorageHandler
+
+            self._handler = DeltaStorageHandler(self.uri, dict(storage_options or {}))
+
+    @classmethod
+    def of(cls, dt: DeltaTable) -> TableStorage:
+        return cls(dt.table_uri, getattr(dt, "_storage_options", None))
+
+    def location(self, rel: str) -> str:
+        return f"{self.uri}/{rel}"
+
+    def read(self, rel: str) -> bytes | None:
+        """The file's bytes, or None when it does not exist."""
+        if self._root is not None:
+            try:
+                return (self._root / rel).read_bytes()
+            except FileNotFoundError:
+                return None
+        from pyarrow import fs
+
+        if self._handler.get_file_info([rel])[0].type == fs.FileType.NotFound:
+            return None
+        with self._handler.open_input_stream(rel) as stream:
+            return bytes(stream.read())
+
+    def missing(self, rels: Iterable[str]) -> list[str]:
+        """Those of ``rels`` that do not exist."""
+        rels = list(rels)
+        if self._root is not None:
+            return [r for r in rels if not os.path.exists(self._root / r)]
+        from pyarrow import fs
+
+        infos = self._handler.get_file_info(rels) if rels else []
+        return [r for r, i in zip(rels, infos, strict=True) if i.type == fs.FileType.NotFound]
+
+    def delete(self, rels: Iterable[str]) -> None:
+        """Delete files (one already gone, e.g. deleted by another process, is fine)."""
+        for rel in rels:
+            if self._root is not None:
+                (self._root / rel).unlink(missing_ok=True)
+            else:
+                try:
+                    self._handler.delete_file(rel)
+                except FileNotFoundError:
+                    continue
+
+    def log_entries(self) -> list[str]:
+        """Names of the files in ``_delta_log`` (not recursive)."""
+        if self._root is not None:
+            folder = self._root / LOG_DIR
+            return sorted(os.listdir(folder)) if folder.is_dir() else []
+        from pyarrow import fs
+
+        infos = self._handler.get_file_info_selector(
+            fs.FileSelector(LOG_DIR, allow_not_found=True, recursive=False))
+        return sorted(i.base_name for i in infos if i.type == fs.FileType.File)
+
+    def files(self) -> list[str]:
+        """Every file under the folder (relative paths), empty when the folder does not exist."""
+        if self._root is not None:
+            if not self._root.is_dir():
+                return []
+            return sorted(
+                str(Path(d, f).relative_to(self._root))
+                for d, _, names in os.walk(self._root) for f in names
+            )
+        from pyarrow import fs
+
+        infos = self._handler.get_file_info_selector(
+            fs.FileSelector("", allow_not_found=True, recursive=True))
+        return sorted(i.path for i in infos if i.type == fs.FileType.File)
+
+
+def commit_path(version: int) -> str:
+    return f"{LOG_DIR}/{version:020d}.json"
+
+
+def is_log_in_progress(rel: str) -> bool:
+    """A temporary file of a commit being written (delta-rs writes ``_delta_log/_commit_*``)."""
+    name = rel.rsplit("/", 1)[-1]
+    return rel.startswith(f"{LOG_DIR}/") and (name.startswith("_commit_") or name.endswith(".tmp"))
+
+
+def leftover_content(uri: str, storage_options: Mapping[str, str] | None = None) -> list[str]:
+    """Files under a folder that holds no Delta table, other than a commit being written.
+
+    Non-empty means the folder is not new: its log was lost (or it is something else), and
+    creating a table there would hide (and let vacuum delete) what it holds.
     """
+    return [r for r in TableStorage(uri, storage_options).files() if not is_log_in_progress(r)]
+
+
+# -- (b) and (c): commit entries ---------------------------------------------------------------------
+def _parse_ranges(text: str) -> dict[str, tuple[int, int]]:
+    out: dict[str, tuple[int, int]] = {}
+    for item in filter(None, text.split(";")):
+        part, _, span = item.rpartition(":")
+        start, _, end = span.partition("-")
+        out[part] = (int(start), int(end))
+    return out
+
+
+def check_commit(
+    queue: str, version: int, raw: bytes | None, *, storage: TableStorage | None = None
+) -> list[Inconsistency]:
+    """Problems of one commit entry (``raw`` is its bytes, None when the file is missing); with
+    ``storage``, also the data files it adds that are missing."""
+    path = commit_path(version)
+
+    def problem(detail: str, partition: str | None = None) -> Inconsistency:
+        return Inconsistency(queue, partition, "commit", f"commit {path} (version {version}) "
+                             f"{detail}; {REPAIR_HINT}", path=path, version=version)
+
+    if raw is None:
+        return [problem("is missing from the log")]
+    lines = [ln for ln in raw.decode("utf-8", errors="replace").splitlines() if ln.strip()]
+    if not lines:
+        return [problem("is empty: the commit it held was lost")]
+    actions: list[dict[str, Any]] = []
+    for number, line in enumerate(lines, 1):
+        try:
+            action = json.loads(line)
+        except ValueError:
+            return [problem(f"is truncated or not JSON at line {number}")]
+        if not isinstance(action, dict):
+            return [problem(f"has a line that is not a Delta action (line {number})")]
+        actions.append(action)
+    info = next((a["commitInfo"] for a in actions if "commitInfo" in a), None)
+    if not isinstance(info, dict):
+        return [problem("has no commitInfo: part of the entry was lost")]
+    adds = [a["add"] for a in actions if isinstance(a.get("add"), dict)]
+    written = [a for a in adds if a.get("dataChange", True)]
+    txns = {t["appId"]: int(t["version"]) for a in actions
+            if isinstance(t := a.get("txn"), dict) and str(t.get("appId", "")).startswith(PARTITION_TXN)}
+    problems: list[Inconsistency] = []
+    metrics = info.get("operationMetrics")
+    declared_rows = metrics.get("num_added_rows") if isinstance(metrics, dict) else None
+    if isinstance(declared_rows, int):
+        stored = sum(_num_records(a) for a in adds)
+        if stored != declared_rows:
+            problems.append(problem(
+                f"declares {declared_rows} added row(s) (operationMetrics) but its add actions "
+                f"hold {stored}"))
+    ranges_text = info.get(RANGES_KEY)
+    if ranges_text is None:
+        if written:
+            problems.append(problem(
+                f"adds {len(written)} data file(s) but has no {RANGES_KEY} metadata: it was not "
+                "written by the queue's appender, or its metadata was lost"))
+    else:
+        try:
+            ranges = _parse_ranges(str(ranges_text))
+        except ValueError:
+            return [problem(f"has an unreadable {RANGES_KEY} {ranges_text!r}")]
+        problems += _check_ranges(ranges, written, txns, problem)
+    if storage is not None:
+        gone = storage.missing(str(a["path"]) for a in adds if "path" in a)
+        problems += [Inconsistency(
+            queue, None, "missing-file",
+            f"data file {storage.location(rel)} of commit {path} is missing; {REPAIR_HINT}",
+            path=rel, version=version) for rel in gone]
+    return problems
+
+
+def _num_records(add: dict[str, Any]) -> int:
+    stats = json.loads(add["stats"]) if isinstance(add.get("stats"), str) else {}
+    return int(stats.get("numRecords", 0))
+
+
+def _check_ranges(ranges: dict[str, tuple[int, int]], adds: list[dict[str, Any]],
+                  txns: dict[str, int], problem: Any) -> list[Inconsistency]:
+    rows: dict[str, int] = {}
+    bounds: dict[str, tuple[int, int]] = {}
+    for add in adds:
+        part = (add.get("partitionValues") or {}).get(PARTITION)
+        stats = json.loads(add["stats"]) if isinstance(add.get("stats"), str) else {}
+        rows[part] = rows.get(part, 0) + int(stats.get("numRecords", 0))
+        lo, hi = (stats.get("minValues") or {}).get(OFFSET), (stats.get("maxValues") or {}).get(OFFSET)
+        if lo is not None and hi is not None:
+            old = bounds.get(part, (lo, hi))
+            bounds[part] = (min(old[0], lo), max(old[1], hi))
+    out = []
+    for part in sorted(set(ranges) | set(rows), key=str):
+        start, end = ranges.get(part, (0, 0))
+        if part not in ranges:
+            out.append(problem(f"adds {rows[part]} row(s) to partition {part!r}, which its "
+                               f"{RANGES_KEY} does not declare", part))
+            continue
+        if rows.get(part, 0) != end - start:
+            out.append(problem(f"declares offsets [{start}, {end}) ({end - start} row(s)) of "
+                               f"partition {part!r} but its data files hold {rows.get(part, 0)}", part))
+        elif part in bounds and bounds[part] != (start, end - 1):
+            out.append(problem(f"declares offsets [{start}, {end}) of partition {part!r} but its "
+                               f"files hold offsets {bounds[part][0]}..{bounds[part][1]}", part))
+        if txns.get(f"{PARTITION_TXN}{part}") != end:
+            out.append(problem(f"declares offsets [{start}, {end}) of partition {part!r} but its "
+                               f"{PARTITION_TXN}{part} transaction is "
+                               f"{txns.get(f'{PARTITION_TXN}{part}', 'missing')}", part))
+    return out
+
+
+def check_commits(
+    queue: str, storage: TableStorage, versions: Iterable[int], *, files: bool = True
+) -> list[Inconsistency]:
+    """:func:`check_commit` for each of ``versions``. A missing entry is damage, unless a
+    checkpoint at or after it exists (log cleanup removes entries a checkpoint superseded)."""
+    out: list[Inconsistency] = []
+    checkpoint: int | None = None
+    versions = list(versions)
+    for version in versions:
+        raw = storage.read(commit_path(version))
+        if raw is None:
+            if checkpoint is None:
+                found = newest_checkpoint(storage, max(versions))
+                checkpoint = -1 if found is None else found
+            if version <= checkpoint:
+                continue
+        out += check_commit(queue, version, raw, storage=storage if files else None)
+    return out
+
+
+def newest_checkpoint(storage: TableStorage, upto: int) -> int | None:
+    """The newest checkpoint version at or below ``upto`` (None when there is none)."""
+    versions = [int(name.split(".", 1)[0]) for name in storage.log_entries()
+                if ".checkpoint." in name and name.split(".", 1)[0].isdigit()]
+    return max((v for v in versions if v <= upto), default=None)
+
+
+# -- (a): statistics ---------------------------------------------------------------------------------
+def _statistics(queue: str, dt: DeltaTable, partitions: Iterable[str]) -> list[Inconsistency]:
     adds = dt.get_add_actions(flatten=True)
     names = set(adds.column_names)
     part_col, max_col = f"partition.{PARTITION}", f"max.{OFFSET}"
@@ -56,19 +321,73 @@ def find_inconsistencies(queue: str, dt: DeltaTable, partitions: Iterable[str]) 
     declared = {p: int(v) for p in partitions
                 if (v := dt.transaction_version(f"{PARTITION_TXN}{p}")) is not None}
     for p in sorted(set(declared) | set(files)):
-        nxt = declared.get(p, 0)
         count, top = files.get(p, (0, None))
+        if p not in declared:
+            # the part: transaction expired (app-transaction retention): offsets come from the
+            # statistics, which must then be dense from 0
+            if top is not None and top + 1 != count:
+                problems.append(Inconsistency(
+                    queue, p, "offsets",
+                    f"the files hold {count} row(s) but offsets up to {top}: rows are missing; "
+                    f"{REPAIR_HINT}"))
+            continue
+        nxt = declared[p]
         if count != nxt:
             problems.append(Inconsistency(
                 queue, p, "rows",
                 f"the log says the next offset is {nxt} but the files hold {count} row(s): a commit "
-                "or data file is missing or damaged; restore it from a backup or run `cues audit` "
-                "for details, and do not append until it is repaired"))
+                f"or data file is missing or damaged; {REPAIR_HINT}"))
         elif top is not None and top + 1 != nxt:
             problems.append(Inconsistency(
                 queue, p, "offsets",
-                f"the log says the next offset is {nxt} but the highest stored offset is {top}"))
+                f"the log says the next offset is {nxt} but the highest stored offset is {top}; "
+                f"{REPAIR_HINT}"))
     return problems
 
 
-__all__ = ["Inconsistency", "find_inconsistencies"]
+def find_inconsistencies(queue: str, dt: DeltaTable, partitions: Iterable[str]) -> list[Inconsistency]:
+    """Every disagreement of the snapshot ``dt``'s log with itself and its files (the full check).
+
+    (a) each declared partition's ``part:`` transaction vs its files' rows and offsets (add-action
+    statistics, not the data); (b) every commit entry since the newest checkpoint (empty,
+    truncated, no commitInfo, declared rows vs add actions); (c) every data file the snapshot
+    references exists. Reads the commit entries and stats every file: for audits, not per append.
+    """
+    storage = TableStorage.of(dt)
+    problems = _statistics(queue, dt, partitions)
+    top = dt.version()
+    start = newest_checkpoint(storage, top)
+    problems += check_commits(queue, storage, range(0 if start is None else start + 1, top + 1),
+                              files=False)
+    # a damaged entry beyond the snapshot (the newest commit, emptied or truncated) is in no
+    # snapshot: look at the next version too
+    ahead = storage.read(commit_path(top + 1))
+    if ahead is not None:
+        problems += check_commit(queue, top + 1, ahead)
+    referenced = [str(p) for p in dt.get_add_actions(flatten=True)["path"].to_pylist()]
+    problems += [Inconsistency(
+        queue, None, "missing-file",
+        f"data file {storage.location(rel)} is referenced by the log but missing; {REPAIR_HINT}",
+        path=rel) for rel in storage.missing(referenced)]
+    return problems
+
+
+def verify_log(queue: Queue) -> list[Inconsistency]:
+    """The full check (:func:`find_inconsistencies`) of a queue handle's newest snapshot.
+
+    Opening or refreshing a queue whose newest commit cannot be parsed raises
+    :class:`LogIntegrityError` instead (``Lake.queue``/``Queue.refresh``); an auditor reports that
+    error's message as the violation.
+    """
+    return find_inconsistencies(queue.name, queue.refresh(), queue.partitions)
+
+
+__all__ = [
+    "Inconsistency",
+    "TableStorage",
+    "check_commit",
+    "check_commits",
+    "find_inconsistencies",
+    "leftover_content",
+    "verify_log",
+]

@@ -20,10 +20,22 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from deltalake import DeltaTable
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from cues_platform.errors import ConfigurationError
-from cues_platform.queues.errors import QueueExistsError, QueueNotFoundError
+from cues_platform.queues.errors import (
+    InvalidNameError,
+    LogIntegrityError,
+    MissingLogError,
+    QueueExistsError,
+    QueueNotFoundError,
+)
+from cues_platform.queues.integrity import (
+    TableStorage,
+    check_commits,
+    leftover_content,
+    newest_checkpoint,
+)
 from cues_platform.queues.names import join_uri, validate_name, validate_partition
 from cues_platform.queues.schema import (
     APPEND_TIME,
@@ -136,26 +148,38 @@ class Lake:
             if missing:
                 existing.add_partitions(missing)
             return existing
-        DeltaTable.create(
-            uri,
-            full_schema(payload),
-            mode="ignore",
-            partition_by=[PARTITION],
-            name=name,
-            description=description or None,
-            configuration={
-                PARTITIONS_KEY: json.dumps(parts),
-                MAX_ROWS_KEY: str(max_batch_rows),
-                FORMAT_KEY: "1",
-                "delta.checkpointInterval": "100",
-                # File statistics only where the queue layer prunes by them: computing min/max
-                # of every payload column took a third of a small append's commit.
-                "delta.dataSkippingStatsColumns": STATS_COLUMNS,
-                **_delta_properties(name, properties),
-            },
-            storage_options=self.options,
-            raise_if_key_not_exists=False,
-        )
+        self.refuse_lost_log(uri, what=f"queue {name!r}")
+        created_folder = self.is_local and not self.local_path(uri).exists()
+        try:
+            DeltaTable.create(
+                uri,
+                full_schema(payload),
+                mode="ignore",
+                partition_by=[PARTITION],
+                name=name,
+                description=description or None,
+                configuration={
+                    PARTITIONS_KEY: json.dumps(parts),
+                    MAX_ROWS_KEY: str(max_batch_rows),
+                    FORMAT_KEY: "1",
+                    "delta.checkpointInterval": "100",
+                    # File statistics only where the queue layer prunes by them: computing min/max
+                    # of every payload column took a third of a small append's commit.
+                    "delta.dataSkippingStatsColumns": STATS_COLUMNS,
+                    **_delta_properties(name, properties),
+                },
+                storage_options=self.options,
+                raise_if_key_not_exists=False,
+            )
+        except DeltaError as exc:
+            if DeltaTable.is_deltatable(uri, storage_options=self.options):
+                raise  # another process created it: not ours to clean
+            if created_folder:
+                self._remove_empty_folder(uri)
+            raise ConfigurationError(
+                f"queue {name!r} could not be created at {uri}: {str(exc).splitlines()[0]}; "
+                "fix the queue's definition (its properties) and create it again",
+                queue=name, uri=uri) from exc
         return Queue(lake=self, name=name, uri=uri)
 
     def queue(self, name: str, *, uri: str | None = None) -> Queue:
@@ -166,6 +190,31 @@ class Lake:
 
     def has_queue(self, name: str) -> bool:
         return DeltaTable.is_deltatable(self.queue_uri(name), storage_options=self.options)
+
+    def refuse_lost_log(self, uri: str, *, what: str) -> None:
+        """Raise :class:`MissingLogError` when ``uri`` holds no Delta table but holds files.
+
+        Such a folder is a table whose ``_delta_log`` was lost (or something that is not ours):
+        creating a new, empty table there would restart its offsets at 0 and let vacuum delete
+        the old data files. A commit being written by a concurrent creator is not content.
+        """
+        content = leftover_content(uri, self.options)
+        if content and not DeltaTable.is_deltatable(uri, storage_options=self.options):
+            shown = ", ".join(content[:3]) + (f" and {len(content) - 3} more" if len(content) > 3 else "")
+            raise MissingLogError(
+                f"{what}: {uri} holds {len(content)} file(s) ({shown}) but no Delta log "
+                f"({uri}/_delta_log is missing or empty); refusing to create a new, empty table over "
+                "them. Restore the _delta_log folder from a backup, or move the folder away if its "
+                "data is not needed",
+                table=what, path=uri, files=len(content))
+
+    def _remove_empty_folder(self, uri: str) -> None:
+        """Remove a folder a failed create left behind, only while it holds no file."""
+        import shutil
+
+        path = self.local_path(uri)
+        if path.is_dir() and not any(p.is_file() for p in path.rglob("*")):
+            shutil.rmtree(path, ignore_errors=True)
 
     def list_queues(self) -> list[str]:
         """Names of the queues under this lake (local lakes list the folder; remote ones use
@@ -180,18 +229,55 @@ class Lake:
             filesystem, path = fs.FileSystem.from_uri(base)
             infos = filesystem.get_file_info(fs.FileSelector(path, allow_not_found=True))
             names = [i.base_name for i in infos if i.type == fs.FileType.Directory]
-        return sorted(n for n in names if self.has_queue(n))
+        return sorted(n for n in names if _is_queue_name(n) and self.has_queue(n))
 
-    def open_table(self, uri: str, *, what: str) -> DeltaTable:
+    def open_table(self, uri: str, *, what: str, version: int | None = None) -> DeltaTable:
+        """Open a Delta table; a lost or damaged log is a typed error naming the file.
+
+        Raises :class:`QueueNotFoundError` (nothing there), :class:`MissingLogError` (files but
+        no log) or :class:`LogIntegrityError` (a commit entry that cannot be read)."""
         try:
-            return DeltaTable(uri, storage_options=self.options)
+            return DeltaTable(uri, version=version, storage_options=self.options)
         except TableNotFoundError as exc:
+            self.refuse_lost_log(uri, what=what)
             raise QueueNotFoundError(
                 f"{what} does not exist at {uri}; create it first (Lake.create_queue)", uri=uri
             ) from exc
+        except DeltaError as exc:
+            raise self.diagnose_log(uri, what=what, error=exc) from exc
+
+    def diagnose_log(self, uri: str, *, what: str, error: Exception) -> Exception:
+        """The error to raise when delta-rs cannot load a table's log: a
+        :class:`LogIntegrityError` naming the damaged commit when one is found, else ``error``."""
+        storage = TableStorage(uri, self.options)
+        entries = [int(n[:-5]) for n in storage.log_entries() if n.endswith(".json") and n[:-5].isdigit()]
+        if not entries:
+            return error
+        newest = max(entries)
+        start = newest_checkpoint(storage, newest)
+        versions = range(max(0 if start is None else start + 1, newest - 200), newest + 1)
+        problems = check_commits(what, storage, versions, files=False)
+        if not problems:
+            return error
+        first = problems[0]
+        return LogIntegrityError(
+            f"{what}: the Delta log at {uri} cannot be read: {first.detail.split(';')[0]} "
+            f"({storage.location(first.path or '')}); restore that file from a backup before using "
+            f"the queue again. delta-rs said: {str(error).splitlines()[0]}",
+            table=what, path=storage.location(first.path or ""), version=first.version,
+            problems=problems)
 
 
 STATS_COLUMNS = f"{OFFSET},{TXN_ID},{APPEND_TIME}"
+
+
+def _is_queue_name(name: str) -> bool:
+    """Folders whose name is no legal queue name are not queues (never made by us)."""
+    try:
+        validate_name(name)
+    except InvalidNameError:
+        return False
+    return True
 
 
 def _delta_properties(name: str, properties: Mapping[str, str] | None) -> dict[str, str]:

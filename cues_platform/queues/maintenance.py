@@ -5,16 +5,25 @@ larger ones holding the same rows with the same offsets (one commit that removes
 adds the new); vacuum deletes only files that are in no snapshot newer than the retention window
 (orphans of failed appends included), so a reader still working on an older snapshot keeps its
 files; checkpoints only speed up opening the table.
+
+Vacuum's retention is a safety margin, not a tuning knob: an append writes its Parquet files
+*before* its commit, so a file younger than the retention may be about to become committed data,
+and a snapshot a reader opened within the retention still needs the files it lists. A retention
+shorter than :data:`MIN_SAFE_RETENTION_HOURS` is refused (as Delta's ``retentionDurationCheck``
+does) unless the caller passes ``unsafe_allow_short_retention=True`` (tests, tables no one is
+writing). delta-rs takes whole hours: a fraction is rounded *up*, never down.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from deltalake import WriterProperties
 
 from cues_platform.errors import ConfigurationError
+from cues_platform.queues.errors import UnsafeRetentionError
 from cues_platform.queues.schema import PARTITION
 
 if TYPE_CHECKING:
@@ -22,6 +31,10 @@ if TYPE_CHECKING:
 
 DEFAULT_TARGET_FILE_BYTES = 128 * 1024 * 1024
 DEFAULT_VACUUM_RETENTION_HOURS = 24
+# The shortest retention vacuum accepts without ``unsafe_allow_short_retention=True``: far longer
+# than any append takes between writing its files and committing them.
+MIN_SAFE_RETENTION_HOURS = 1.0
+UNSAFE_RETENTION_KEYWORD = "unsafe_allow_short_retention"
 # Row groups of compacted files: small enough that a tail read (the last few offsets) decodes one
 # 16k-row group, found by its _offset statistics, instead of a whole compacted file.
 COMPACT_ROW_GROUP_ROWS = 16_384
@@ -62,17 +75,44 @@ def compact(
     return MaintenanceReport(queue.name, files_removed=removed, files_added=added)
 
 
+def retention_whole_hours(queue: str, retention_hours: float, *, unsafe: bool) -> int:
+    """The retention to give delta-rs (whole hours, rounded up), after the safety check.
+
+    Raises :class:`ConfigurationError` for a negative or non-finite value and
+    :class:`UnsafeRetentionError` for one below :data:`MIN_SAFE_RETENTION_HOURS` unless ``unsafe``.
+    """
+    if isinstance(retention_hours, bool) or not isinstance(retention_hours, int | float) or not (
+        math.isfinite(retention_hours) and retention_hours >= 0
+    ):
+        raise ConfigurationError(
+            f"queue {queue!r}: retention_hours must be a number >= 0, got {retention_hours!r}",
+            queue=queue, retention_hours=retention_hours)
+    if retention_hours < MIN_SAFE_RETENTION_HOURS and not unsafe:
+        raise UnsafeRetentionError(
+            f"queue {queue!r}: a vacuum retention of {retention_hours} h is shorter than the safe "
+            f"minimum of {MIN_SAFE_RETENTION_HOURS:g} h: it can delete the files of appends that "
+            "are about to commit and of snapshots readers still use. Use a retention of at least "
+            f"{MIN_SAFE_RETENTION_HOURS:g} h, or pass {UNSAFE_RETENTION_KEYWORD}=True only when no "
+            "one writes to or reads the queue",
+            queue=queue, retention_hours=retention_hours,
+            minimum_hours=MIN_SAFE_RETENTION_HOURS, keyword=UNSAFE_RETENTION_KEYWORD)
+    return math.ceil(retention_hours)
+
+
 def vacuum(
-    queue: Queue, *, retention_hours: float = DEFAULT_VACUUM_RETENTION_HOURS
+    queue: Queue,
+    *,
+    retention_hours: float = DEFAULT_VACUUM_RETENTION_HOURS,
+    unsafe_allow_short_retention: bool = False,
 ) -> MaintenanceReport:
     """Delete files no snapshot within ``retention_hours`` references (and orphaned files of
-    failed appends older than that). ``retention_hours=0`` is for tests and offline tables only:
-    a reader that opened an older snapshot could then miss files."""
-    if retention_hours < 0:
-        raise ConfigurationError("retention_hours must be >= 0")
+    failed appends older than that). The retention is rounded up to whole hours; below
+    :data:`MIN_SAFE_RETENTION_HOURS` it needs ``unsafe_allow_short_retention=True`` (see the
+    module docstring)."""
+    hours = retention_whole_hours(queue.name, retention_hours, unsafe=unsafe_allow_short_retention)
     dt = queue.refresh()
     deleted = dt.vacuum(
-        retention_hours=int(retention_hours),
+        retention_hours=hours,
         dry_run=False,
         enforce_retention_duration=False,
         full=True,
@@ -110,10 +150,14 @@ def maintain(
     *,
     retention_hours: float = DEFAULT_VACUUM_RETENTION_HOURS,
     row_group_rows: int = COMPACT_ROW_GROUP_ROWS,
+    unsafe_allow_short_retention: bool = False,
 ) -> list[MaintenanceReport]:
-    """Compact, checkpoint and vacuum, in that order."""
+    """Compact, checkpoint and vacuum, in that order (the retention is checked first, so a
+    refused retention changes nothing)."""
+    retention_whole_hours(queue.name, retention_hours, unsafe=unsafe_allow_short_retention)
     return [
         compact(queue, row_group_rows=row_group_rows),
         checkpoint(queue),
-        vacuum(queue, retention_hours=retention_hours),
+        vacuum(queue, retention_hours=retention_hours,
+               unsafe_allow_short_retention=unsafe_allow_short_retention),
     ]

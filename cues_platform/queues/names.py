@@ -6,9 +6,11 @@ import re
 
 from cues_platform.queues.errors import InvalidNameError
 
-_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,127}$")
-_PARTITION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,199}$")
+# Always matched with fullmatch: `re.match` with `$` accepts a trailing newline ("x\n"), which
+# made a queue folder that broke every listing, and a partition no read could find.
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,127}")
+_PARTITION = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,199}")
 
 
 def validate_name(name: object, *, kind: str = "queue") -> str:
@@ -17,7 +19,7 @@ def validate_name(name: object, *, kind: str = "queue") -> str:
     Legal: a letter, then up to 127 letters, digits, ``_`` or ``-``. No dots, slashes or spaces,
     so a name can never climb out of the lake root or collide with Delta's own files.
     """
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise InvalidNameError(
             f"invalid {kind} name {name!r}: use a letter followed by up to 127 letters, digits, "
             "'_' or '-' (no '/', '.', spaces or '..')",
@@ -29,7 +31,7 @@ def validate_name(name: object, *, kind: str = "queue") -> str:
 
 def validate_partition(partition: object) -> str:
     """Return ``partition`` if it is a legal partition (subject) name, else raise."""
-    if not isinstance(partition, str) or not _PARTITION.match(partition) or ".." in partition:
+    if not isinstance(partition, str) or not _PARTITION.fullmatch(partition) or ".." in partition:
         raise InvalidNameError(
             f"invalid partition {partition!r}: use up to 64 letters, digits, '_', '-' or '.', "
             "starting with a letter or digit",
@@ -41,10 +43,10 @@ def validate_partition(partition: object) -> str:
 
 def validate_id(value: object, *, kind: str) -> str:
     """Return ``value`` if it is a legal producer/transactional id, else raise."""
-    if not isinstance(value, str) or not _ID.match(value):
+    if not isinstance(value, str) or not _ID.fullmatch(value) or ".." in value:
         raise InvalidNameError(
             f"invalid {kind} {value!r}: use up to 200 letters, digits, '_', '.', ':', '@' or '-', "
-            "starting with a letter or digit",
+            "starting with a letter or digit (no '..')",
             name=value,
             kind=kind,
         )

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 
-from cues_platform.queues.errors import OffsetRangeError, ReadTimeoutError
+from cues_platform.queues.errors import OffsetRangeError, PositionRangeError, ReadTimeoutError
 from cues_platform.queues.names import validate_name
 from cues_platform.queues.positions import PositionStore
 from cues_platform.queues.reader import Isolation, ReadPlan, execute_arrow, execute_spark, plan_read
@@ -52,8 +52,20 @@ class Tailer:
         )
 
     def commit(self, position: int | None = None) -> int:
-        """Make ``position`` (default: the current one) durable and return it."""
+        """Make ``position`` (default: the current one) durable and return it.
+
+        A position outside ``[0, next offset]`` of the partition raises
+        :class:`PositionRangeError` (a position past the end would make the tailer skip every
+        message written until the partition catches up)."""
         pos = self.position if position is None else position
+        end = self.queue.next_offset(self.partition)
+        if isinstance(pos, bool) or not isinstance(pos, int) or not 0 <= pos <= end:
+            raise PositionRangeError(
+                f"tailer {self.name!r} on {self.queue.name}/{self.partition} cannot commit position "
+                f"{pos!r}: a position is an offset in [0, {end}] (0 = from the start, {end} = after "
+                "the last message); seek or read to a valid offset and commit again",
+                queue=self.queue.name, tailer=self.name, partition=self.partition,
+                position=pos, offset=pos, valid=(0, end))
         self._store.commit(
             queue=self.queue.name, tailer=self.name, partition=self.partition, position=pos
         )
@@ -66,7 +78,7 @@ class Tailer:
             self.position = 0
         elif where == "end":
             self.position = end
-        elif isinstance(where, int) and 0 <= where <= end:
+        elif isinstance(where, int) and not isinstance(where, bool) and 0 <= where <= end:
             self.position = where
         else:
             raise OffsetRangeError(

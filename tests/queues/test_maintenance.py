@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cues_platform.errors import ConfigurationError
 from cues_platform.queues import Lake, TransactionalProducer
-from cues_platform.queues.maintenance import checkpoint, compact, maintain, vacuum
-from tests.support import PAYLOAD, rows
+from cues_platform.queues.errors import UnsafeRetentionError
+from cues_platform.queues.maintenance import (
+    MIN_SAFE_RETENTION_HOURS,
+    checkpoint,
+    compact,
+    maintain,
+    vacuum,
+)
+from tests.support import PAYLOAD, ROOT, rows
 
 
 def _snapshot_reads(q, partitions, isolation="read_committed"):
@@ -36,7 +47,7 @@ def test_compaction_and_vacuum_keep_every_tailer_reading_the_same(make_queue, la
 
     report = compact(q)
     assert report.files_removed > report.files_added >= 1
-    vacuum(q, retention_hours=0)
+    vacuum(q, retention_hours=0, unsafe_allow_short_retention=True)
     checkpoint(q)
 
     assert len(q.files()) < files_before
@@ -62,9 +73,65 @@ def test_property_maintenance_is_invisible(tmp_path_factory, sizes, cut) -> None
         q.append(rows(start, size), partition="0")
         start += size
     before = q.read_arrow(partition="0", start=min(cut, start)).drop_columns(["_append_time"])
-    maintain(q, retention_hours=0)
+    maintain(q, retention_hours=0, unsafe_allow_short_retention=True)
     after = q.read_arrow(partition="0", start=min(cut, start)).drop_columns(["_append_time"])
     assert after.equals(before)
     assert q.next_offset("0") == start
     assert len(q.files()) == 1  # one partition compacts into one file
     assert len(list(Path(q.uri).glob("_partition=*/*.parquet"))) == 1  # vacuum removed the rest
+
+
+_APPENDER = """
+import sys
+from cues_platform.queues import Lake
+from tests.support import rows
+q = Lake(root=sys.argv[1]).queue("race")
+part, count = sys.argv[2], int(sys.argv[3])
+for i in range(count):
+    q.append(rows(i * 3, 3), partition=part)
+"""
+
+
+def test_vacuum_racing_appends_with_a_fractional_retention_keeps_every_committed_row(lake) -> None:
+    """0.9 h used to become int(0.9) == 0 h: a full vacuum then deleted the Parquet files of
+    appends that had written them but not yet committed, and those commits pointed at nothing."""
+    q = lake.create_queue("race", schema=PAYLOAD, partitions=("a", "b"))
+    per_writer = 40
+    writers = [
+        subprocess.Popen([sys.executable, "-c", _APPENDER, lake.root, part, str(per_writer)], cwd=ROOT)
+        for part in ("a", "b")
+    ]
+    rounds = 0
+    while any(w.poll() is None for w in writers) or rounds == 0:
+        maintain(q, retention_hours=0.9, unsafe_allow_short_retention=True)
+        rounds += 1
+    assert [w.wait(timeout=120) for w in writers] == [0, 0]
+    for part in ("a", "b"):
+        table = q.read_arrow(partition=part)
+        assert table["_offset"].to_pylist() == list(range(per_writer * 3))
+        assert table["id"].to_pylist() == list(range(per_writer * 3))
+    # every file the log references is still on disk
+    assert all((Path(q.uri) / f.path).exists() for f in q.files())
+
+
+def test_short_retention_is_refused_unless_asked_for_explicitly(make_queue) -> None:
+    q = make_queue()
+    q.append(rows(0, 2), partition="0")
+    q.append(rows(2, 2), partition="0")
+    compact(q)
+    files = sorted(Path(q.uri).rglob("*.parquet"))
+    for call in (lambda: vacuum(q, retention_hours=0.5), lambda: maintain(q, retention_hours=0)):
+        with pytest.raises(UnsafeRetentionError) as info:
+            call()
+        err = info.value
+        assert err.queue == "events" and err.minimum_hours == MIN_SAFE_RETENTION_HOURS
+        assert err.keyword == "unsafe_allow_short_retention" and not err.retryable
+        assert "unsafe_allow_short_retention=True" in str(err) and "'events'" in str(err)
+    assert sorted(Path(q.uri).rglob("*.parquet")) == files  # nothing deleted
+    with pytest.raises(ConfigurationError, match="retention_hours must be a number >= 0"):
+        vacuum(q, retention_hours=-1, unsafe_allow_short_retention=True)
+    # a safe retention keeps the compacted-away files (they are younger than an hour)
+    assert vacuum(q, retention_hours=MIN_SAFE_RETENTION_HOURS).files_vacuumed == 0
+    assert vacuum(q, retention_hours=1.5).files_vacuumed == 0
+    assert vacuum(q, retention_hours=0, unsafe_allow_short_retention=True).files_vacuumed == 2
+    assert q.read_arrow(partition="0")["id"].to_pylist() == [0, 1, 2, 3]

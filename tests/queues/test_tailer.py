@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from cues_platform.queues import OffsetRangeError, ReadTimeoutError
+from cues_platform.queues.errors import PositionRangeError
 from tests.support import rows
 
 
@@ -77,3 +78,45 @@ def test_blocking_read_times_out_and_can_be_unblocked(make_queue) -> None:
     tailer.unblock()
     thread.join(timeout=60)
     assert result == [0]
+
+
+@pytest.mark.parametrize("bad", [-7, 10**12, 11, True, "3"])
+def test_commit_outside_the_partition_raises_and_keeps_the_committed_position(make_queue, lake, bad) -> None:
+    q = make_queue()
+    q.append(rows(0, 10), partition="0")
+    tailer = q.tailer("billing", partition="0")
+    tailer.commit(4)
+    with pytest.raises(PositionRangeError) as info:
+        tailer.commit(bad)
+    err = info.value
+    assert (err.queue, err.tailer, err.partition, err.position, err.valid) == ("events", "billing", "0", bad, (0, 10))
+    assert isinstance(err, OffsetRangeError) and not err.retryable
+    assert "'billing'" in str(err) and "events/0" in str(err) and "[0, 10]" in str(err)
+    assert lake.queue("events").tailer("billing", partition="0").position == 4
+    assert tailer.commit(10) == 10 and tailer.commit(0) == 0  # both ends are valid
+
+
+def test_position_commits_keep_a_bounded_log_and_a_fresh_handle(make_queue, lake) -> None:
+    """A position commit used to slow down with every commit (the handle was never reopened and
+    delta-rs lists the whole log per commit): the handle is reopened from a checkpoint every
+    REOPEN_EVERY commits and the log keeps at most two checkpoints' worth of entries."""
+    from pathlib import Path
+
+    from cues_platform.queues.positions import CHECKPOINT_INTERVAL, REOPEN_EVERY, PositionStore
+
+    q = make_queue()
+    q.append(rows(0, 10), partition="0")
+    tailer = q.tailer("t", partition="0")
+    log = Path(lake.system_uri("positions")) / "_delta_log"
+    opened = []
+    for i in range(3 * CHECKPOINT_INTERVAL + 20):
+        tailer.commit(i % 11)
+        table = tailer._store.table
+        assert table.snapshot().version() - table.opened_at < REOPEN_EVERY
+        opened.append(table.opened_at)
+        assert len(list(log.glob("*.json"))) <= 2 * CHECKPOINT_INTERVAL + REOPEN_EVERY + 1
+    assert len(set(opened)) >= 3  # reopened as it went
+    assert len(list(log.glob("*.checkpoint.parquet"))) >= 2
+    # nothing a reader needs was cleaned away
+    assert PositionStore(lake).get(queue="events", tailer="t", partition="0") == (3 * CHECKPOINT_INTERVAL + 19) % 11
+    assert q.tailer("t", partition="0").position == (3 * CHECKPOINT_INTERVAL + 19) % 11
