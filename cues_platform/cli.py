@@ -242,15 +242,20 @@ def queue_tail(
 
 @queue.command("maintain")
 @click.argument("name")
-@click.option("--retention-hours", default=24.0, show_default=True)
+@click.option("--retention-hours", default=24.0, show_default=True,
+              help="Keep removed files this long (fractions round up to whole hours; < 1 h refused).")
+@click.option("--unsafe-allow-short-retention", is_flag=True,
+              help="Allow a retention under 1 h (a slow reader may lose files it is reading).")
 @lake_option
-def queue_maintain(name: str, retention_hours: float, lake_root: str) -> None:
+def queue_maintain(name: str, retention_hours: float, unsafe_allow_short_retention: bool,
+                   lake_root: str) -> None:
     """Compact, checkpoint and vacuum one queue."""
     from cues_platform.queues.maintenance import maintain
 
     q = open_queue(lake_root, name)
     with storage(name, q.uri, write=True):
-        reports = maintain(q, retention_hours=retention_hours)
+        reports = maintain(q, retention_hours=retention_hours,
+                           unsafe_allow_short_retention=unsafe_allow_short_retention)
     for report in reports:
         console.print(report)
 

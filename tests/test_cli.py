@@ -343,3 +343,24 @@ def test_an_unexpected_error_is_one_line_with_a_debug_hint(tmp_path: Path) -> No
     assert debug.returncode == 3 and "Traceback (most recent call last)" in debug.stderr
     assert 'raise RuntimeError("boom in mermaid")' in debug.stderr
     assert debug.stderr.splitlines()[-1].startswith("error: unexpected RuntimeError")
+
+
+def test_queue_maintain_refuses_a_short_retention_in_one_line(tmp_path):
+    import pyarrow as pa
+    from click.testing import CliRunner
+
+    from cues_platform.cli import main
+    from cues_platform.queues import Lake
+
+    lake = Lake(root=str(tmp_path / "lake"))
+    lake.create_queue("orders", schema=pa.schema([("a", pa.int64())]), partitions=["0"])
+    lake.queue("orders").append({"a": [1]}, partition="0")
+    runner = CliRunner()
+    refused = runner.invoke(main, ["queue", "maintain", "orders", "--lake", lake.root,
+                                   "--retention-hours", "0.5"])
+    assert refused.exit_code == 2, refused.output
+    assert "Traceback" not in refused.output and "unsafe" in refused.output.lower()
+    allowed = runner.invoke(main, ["queue", "maintain", "orders", "--lake", lake.root,
+                                   "--retention-hours", "0.5", "--unsafe-allow-short-retention"])
+    assert allowed.exit_code == 0, allowed.output
+    assert lake.queue("orders").read_arrow(partition="0", start=0, end=1)["a"].to_pylist() == [1]
