@@ -23,7 +23,12 @@ from pyarrow import fs
 from cues_platform.audit.errors import UnreadableTableError, UnwritableTableError
 from cues_platform.audit.report import CORRUPT_LOG, UNREADABLE, Violation
 from cues_platform.queues import Lake, Queue
-from cues_platform.queues.errors import QueueError, QueueNotFoundError
+from cues_platform.queues.errors import (
+    LogIntegrityError,
+    MissingLogError,
+    QueueError,
+    QueueNotFoundError,
+)
 from cues_platform.queues.integrity import find_inconsistencies
 from cues_platform.queues.names import join_uri
 
@@ -114,7 +119,7 @@ def check_table(
     try:
         queue = Queue(lake=lake, name=name, uri=uri)
         dt = queue.refresh()
-    except QueueNotFoundError:
+    except (QueueNotFoundError, MissingLogError):
         try:
             has_files = _has_files(uri)
         except STORAGE_ERRORS as exc:
@@ -128,7 +133,7 @@ def check_table(
             "recreate the table over the files",
             file=join_uri(uri, "_delta_log"),
         )], []  # fmt: skip
-    except STORAGE_ERRORS as exc:
+    except (*STORAGE_ERRORS, LogIntegrityError) as exc:
         try:  # name the damaged commit file when the log's own files show it
             damaged = _commit_problems(table, uri, None)
         except STORAGE_ERRORS:
@@ -146,6 +151,7 @@ def check_table(
         problems += [
             bad(CORRUPT_LOG, f"{i.detail}", partition=i.partition)
             for i in find_inconsistencies(table, dt, queue.partitions)
+            if i.kind in ("rows", "offsets")  # damaged commits and lost files: 5a and 5c name them
         ]
         # Step 5c: every data file the log names is there, with the size the log says.
         missing = _missing_files(table, uri, dt)

@@ -40,7 +40,8 @@ def test_contract_and_exactly_once_checks_fail_on_a_doctored_queue(defs, lake, i
     assert not passed and meta["failures"] == 1 and meta["queue"] == "enriched"
     assert meta["failed_checks"] == ["id: greater_than_or_equal_to(0)"]
     assert "-4" in meta["details"]
-    assert checks["exactly_once"][0]  # a producer row (no delivery hash) is not a delivery
+    # a producer row (no delivery hash) in an exactly-once output is written outside the protocol
+    assert not checks["exactly_once"][0]
 
     # a bug delivers step 1 of enrich a second time, with the same delivery hash
     step1 = [r for r in BackingQueue(lake, "enrich").records() if r.is_attempt][1]
@@ -50,8 +51,8 @@ def test_contract_and_exactly_once_checks_fail_on_a_doctored_queue(defs, lake, i
     enriched.append(mine.select(enriched.payload_schema.names), partition="0",
                     delivery_hash=step1.hash)
     passed, meta = _checks(defs, instance)["exactly_once"]
-    assert not passed and meta["violations"] == 1
-    assert meta["by_kind"] == {"delivered_twice": 1} and not meta["lake_ok"]
+    assert not passed and meta["violations"] == 2  # the rogue producer row is still there too
+    assert meta["by_kind"] == {"delivered_twice": 1, "no_delivery_hash": 1} and not meta["lake_ok"]
     assert "delivered_twice" in meta["first_violations"] and step1.hash[:12] in meta["first_violations"]
 
 

@@ -152,6 +152,8 @@ RUN_BY: dict[tuple[str, str], str] = {
     ("docs/reference-pipeline.md", ".venv/bin/cues demo --engine dagster"):
         f"{DOCS_TESTS}::test_cues_demo_engine_dagster",
     ("docs/reference-pipeline.md", ".venv/bin/cues demo --queues"): f"{DOCS_TESTS}::test_cues_demo_queues",
+    ("docs/jepsen.md", "cues jepsen --duration 60 --keys 2000"):
+        "tests/jepsen/test_jepsen.py::test_jepsen_harness_every_check_passes",
     ("docs/dagster.md", "A graph becomes definitions"): f"{DOCS_TESTS}::test_build_definitions_example",
     ("docs/auditor.md", "The auditor"): f"{DOCS_TESTS}::test_auditor_examples",
     ("docs/auditor.md", AUDIT): f"{DOCS_TESTS}::test_auditor_examples",
