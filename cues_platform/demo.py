@@ -54,22 +54,23 @@ def run_demo(*, lake_root: str, messages: int, console: Console) -> bool:
     batch = max(1, min(10_000, messages // 20))
     producers = {bank: postings.producer(producer_id=f"producer-{bank}") for bank in BANKS}
     sent = dict.fromkeys(BANKS, 0)
+    last: dict[str, pa.Table] = {}
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("producing postings", total=messages)
         done = 0
         while done < messages:
             receiver = BANKS[(done // batch) % len(BANKS)]
             n = min(batch, messages - done)
-            producers[receiver].send(_batch(rng, receiver, sent[receiver], n), partition=receiver)
+            last[receiver] = _batch(rng, receiver, sent[receiver], n)
+            producers[receiver].send(last[receiver], partition=receiver)
             sent[receiver] += n
             done += n
             progress.update(task, completed=done)
 
-    # A producer whose acknowledgement was lost sends its last batch again: a no-op.
+    # A producer whose acknowledgement was lost sends the same last batch again: a no-op (a
+    # different batch under that sequence would raise SequenceMismatchError).
     replay = producers["bank-a"]
-    resend = replay.send(
-        _batch(rng, "bank-a", 0, 1), partition="bank-a", sequence=replay.next_sequence - 1
-    )
+    resend = replay.send(last["bank-a"], partition="bank-a", sequence=replay.next_sequence - 1)
     console.print(
         f"resent sequence {replay.next_sequence - 1} of producer-bank-a: "
         f"duplicate={resend.duplicate}, offsets {dict(resend.ranges)}"
