@@ -101,7 +101,7 @@ class HarnessResult:
                 "keys": self.sent_keys, "acked": self.acked, "kills": dict(s.kills),
                 "concurrent_periods": s.concurrent_periods, "runner_starts": s.runner_starts,
                 "feeder_starts": s.feeder_starts, "maintenance_runs": s.maintenance_runs,
-                "maintenance_errors": s.maintenance_errors, "tailer_errors": s.tailer_errors,
+                "tailer_rows": s.tailer_rows, "maintenance_errors": s.maintenance_errors, "tailer_errors": s.tailer_errors,
                 "unexpected_exits": s.unexpected_exits, "anomalies": self.anomalies,
                 "drain_attempts": self.drain_attempts, "actions": s.actions,
                 "report": self.report.to_dict()}
