@@ -54,7 +54,7 @@ from cues_platform.queues.errors import (
 from cues_platform.queues.idempotence import SequenceState
 from cues_platform.queues.lake import Lake
 from cues_platform.queues.names import validate_id
-from cues_platform.queues.positions import open_system_table
+from cues_platform.queues.positions import SystemTable
 
 if TYPE_CHECKING:
     from cues_platform.queues.queue import Queue
@@ -86,11 +86,12 @@ class Coordinator:
 
     def __init__(self, lake: Lake) -> None:
         self.lake = lake
-        self.table = open_system_table(lake, "transactions", SCHEMA)
+        # A SystemTable keeps the handle fresh at a flat cost: re-opened from the newest
+        # checkpoint every REOPEN_EVERY commits, old log entries cleaned (positions.py).
+        self.system = SystemTable(lake, "transactions", SCHEMA)
 
     def snapshot(self) -> DeltaTable:
-        self.table.update_incremental()
-        return self.table
+        return self.system.snapshot()
 
     def status(self, txn_id: str, dt: DeltaTable | None = None) -> TxnStatus:
         version = (dt or self.snapshot()).transaction_version(txn_app_id(txn_id))
@@ -120,18 +121,19 @@ class Coordinator:
         )
         delay = 0.002
         for _ in range(200):
-            dt = self.snapshot()
-            guard(dt)
             try:
-                write_deltalake(
-                    dt,
-                    row,
-                    mode="append",
-                    commit_properties=CommitProperties(
-                        app_transactions=[Transaction(a, v) for a, v in app_transactions],
-                        custom_metadata={"cues.txn": txn_id, "cues.action": action},
-                    ),
-                )
+                with self.system.lock:  # the guard and the commit see the same snapshot
+                    dt = self.snapshot()
+                    guard(dt)
+                    write_deltalake(
+                        dt,
+                        row,
+                        mode="append",
+                        commit_properties=CommitProperties(
+                            app_transactions=[Transaction(a, v) for a, v in app_transactions],
+                            custom_metadata={"cues.txn": txn_id, "cues.action": action},
+                        ),
+                    )
                 return
             except CommitFailedError:
                 time.sleep(delay * (0.5 + random.random()))
