@@ -29,7 +29,8 @@ exactly-once steps -- snapshot, read, prepare, attempt, commit -- wrap it):
       is still not registered is recorded with ``routed = false`` (audit ``unroutable``) and
       waits for b.
 3. Either way, the step's output is READ BACK from ``received`` by the hash: a retry after a crash
-   returns exactly the results of the first execution (including the rows b. routed).
+   returns exactly the results of the first execution (including the rows b. routed). Each
+   result's ``receiver`` is p, the publisher (producers check it, ``results.py``).
 4. The runner prepares, records the attempt and commits the results to RESULTS subject n in one
    Delta commit with the delivery hash (at most once per step).
 
@@ -190,10 +191,12 @@ def consume(ctx: Any, conn: psycopg.Connection, batch: pa.Table, *, receiver: st
                     "VALUES (%s, %s, %s, %s, %s)",
                     [(s, m, a, instance, d) for s, m, a, d in audits])
         # Step 3
+        # the receiver column names the publisher (this participant), never what a posting
+        # claimed: a misrouted posting's result must not pass for its claimed receiver's
         out = conn.execute(
-            "SELECT sender, receiver, message_id, replays, status, reason, received_at "
+            "SELECT sender, %s::text, message_id, replays, status, reason, received_at "
             "FROM received WHERE delivery_hash = %s AND routed ORDER BY sender, message_id",
-            (ctx.delivery_hash,)).fetchall()
+            (receiver, ctx.delivery_hash)).fetchall()
     cols = list(zip(*out, strict=True)) if out else [[]] * 7
     return pa.table({name: list(col) for name, col in zip(RESULTS_SCHEMA.names, cols, strict=True)},
                     schema=RESULTS_SCHEMA)
