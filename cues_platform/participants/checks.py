@@ -1,12 +1,21 @@
 """Consistency and completeness checks of a participant's database (used by the CLI, the tests and
-the Dagster asset check in ``assets/participants.py``)."""
+the Dagster asset check in ``assets/participants.py``).
+
+:func:`check_producer` for a sender, :func:`check_consumer` for a receiver,
+:func:`check_participant` for either (or both: one database serves both roles of a participant).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
+
+from cues_platform.participants.model import POSTINGS, RESULTS, Role
+
+if TYPE_CHECKING:
+    from cues_platform.queues import Lake
 
 
 @dataclass
@@ -23,6 +32,9 @@ class CheckReport:
 
 # Actions every posting's audit trail must show, in this order, once each (replays add pairs).
 REQUIRED_ONCE = ("recorded", "assigned", "posting_acked", "result_received")
+# A consumer audits every posting it reads from its POSTINGS subject with one of these (detail:
+# the posting's offset); ``rerouted`` without an offset is a waiting posting answered later.
+CONSUMER_ACTIONS = ("processed", "unroutable", "replay_suppressed", "rerouted")
 
 
 def consistency_issues(conn: psycopg.Connection) -> list[dict[str, Any]]:
@@ -63,4 +75,88 @@ def check_producer(conn: psycopg.Connection, participant: str, *, complete: bool
         seen = list(actions or [])
         if sorted(seen) != sorted(REQUIRED_ONCE):
             report.problems.append(f"{mid}: audit trail {seen} is not {list(REQUIRED_ONCE)}")
+    return report
+
+
+def check_consumer(conn: psycopg.Connection, participant: str, *, lake: Lake | None = None,
+                   complete: bool = False) -> CheckReport:
+    """A receiver's checks. Issues always; with ``complete`` also: no received posting waits for
+    its sender's registration (``routed = false``); and, given the ``lake``, every routed posting
+    has exactly one result on RESULTS published by this participant, and every posting on its
+    POSTINGS subject has been processed (received, suppressed or waiting)."""
+    report = CheckReport(participant)
+    report.issues = consistency_issues(conn)
+    counts = {f"received/{st}": int(c) for st, c in conn.execute(
+        "SELECT status, count(*) FROM received GROUP BY 1")}
+    waiting = {s: int(c) for s, c in conn.execute(
+        "SELECT sender, count(*) FROM received WHERE NOT routed GROUP BY 1")}
+    counts["unrouted"] = sum(waiting.values())
+    report.counts = counts
+    if not complete:
+        return report
+    registered: set[str] | None = None
+    if lake is not None and lake.has_queue(RESULTS):
+        results = lake.queue(RESULTS)
+        results.refresh()
+        registered = set(results.partitions)
+    for sender, n in sorted(waiting.items()):
+        state = ("registered now: answered at the consumer's next step" if registered is not None
+                 and sender in registered else "not registered: register it (cues participant "
+                 f"register --id {sender} --role producer)")
+        report.problems.append(f"{n} posting(s) from sender {sender!r} without a result, sender "
+                               f"{state}")
+    if lake is None:
+        return report
+    routed: dict[str, set[str]] = {}
+    for sender, mid in conn.execute("SELECT sender, message_id FROM received WHERE routed"):
+        routed.setdefault(sender, set()).add(mid)
+    for sender, mids in sorted(routed.items()):
+        published: dict[str, int] = {}
+        if registered is not None and sender in registered:
+            table = lake.queue(RESULTS).read_arrow(partition=sender, columns=["receiver",
+                                                                              "message_id"])
+            for rc, mid in zip(table["receiver"].to_pylist(), table["message_id"].to_pylist(),
+                               strict=True):
+                if rc == participant:
+                    published[mid] = published.get(mid, 0) + 1
+        missing = sorted(mids - set(published))
+        doubled = sorted(m for m, c in published.items() if c > 1)
+        if missing:
+            report.problems.append(f"{len(missing)} posting(s) from {sender!r} without a published "
+                                   f"result: {missing[:5]}{'...' if len(missing) > 5 else ''}")
+        if doubled:
+            report.problems.append(f"{len(doubled)} posting(s) from {sender!r} with more than one "
+                                   f"result: {doubled[:5]}{'...' if len(doubled) > 5 else ''}")
+    if lake.has_queue(POSTINGS):
+        postings = lake.queue(POSTINGS)
+        postings.refresh()
+        if participant in postings.partitions:
+            seen = conn.execute("SELECT count(DISTINCT (detail->>'offset')::bigint) FROM audit "
+                                "WHERE action = ANY(%s) AND detail ? 'offset'", (list(CONSUMER_ACTIONS),)).fetchone()[0]
+            behind = postings.next_offset(participant) - int(seen)
+            report.counts["postings_not_processed"] = behind
+            if behind:
+                report.problems.append(f"{behind} posting(s) on {POSTINGS}/{participant} not "
+                                       "processed yet (is a consumer instance running?)")
+    return report
+
+
+def check_participant(conn: psycopg.Connection, participant: str, *,
+                      role: Role | str | None = None, lake: Lake | None = None,
+                      complete: bool = False) -> CheckReport:
+    """:func:`check_producer` or :func:`check_consumer` by ``role``; with no role, each role the
+    database has data for (a producer's ``messages``, a consumer's ``received``), merged."""
+    if role is not None:
+        if Role(role) is Role.PRODUCER:
+            return check_producer(conn, participant, complete=complete)
+        return check_consumer(conn, participant, lake=lake, complete=complete)
+    sends, receives = conn.execute("SELECT EXISTS (SELECT 1 FROM messages), "
+                                   "EXISTS (SELECT 1 FROM received)").fetchone()
+    if receives and not sends:
+        return check_consumer(conn, participant, lake=lake, complete=complete)
+    report = check_producer(conn, participant, complete=complete)
+    if receives:
+        other = check_consumer(conn, participant, lake=lake, complete=complete)
+        report.counts.update(other.counts)
+        report.problems += other.problems
     return report

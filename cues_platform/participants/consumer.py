@@ -11,15 +11,26 @@ exactly-once steps -- snapshot, read, prepare, attempt, commit -- wrap it):
 
 1. The runner takes the step's snapshot of POSTINGS p and calls :func:`consume` with the batch
    and the step's delivery hash (the same on every retry of the step).
-2. In ONE transaction of p's database (``postgres_once``: the hash row commits with the writes):
-   first time for this hash -- validate each posting, write one ``received`` row per
-   (sender, message id) with its status OK/REJECTED, reason, hash and step, and audit it
-   (``processed``); a posting whose (sender, message id) is already received (a replay, or a
-   duplicate) gets NO new result (audit ``replay_suppressed``); a sender with no RESULTS subject
-   is recorded with ``routed = false`` (audit ``unroutable``) and gets no result.
-   A retry of the same step (same hash) writes nothing.
+2. In ONE transaction of p's database (``postgres_once``: the hash row commits with the writes),
+   first time for this hash only (a retry of the same step, same hash, writes nothing):
+
+   a. Routes: the senders of the batch and of the ``received`` rows still waiting with
+      ``routed = false`` are looked up among the RESULTS subjects (the registered producers);
+      an unknown one re-reads the queue's partitions (:class:`Routes`), so a producer registered
+      after this consumer started is answered without a restart.
+   b. Onboarding: every waiting ``routed = false`` row whose sender is registered now is routed
+      in THIS step: ``routed = true`` and the row takes this step's hash and step (audit
+      ``rerouted``, with the first hash and step). It commits with the hash row, so it happens
+      exactly once; its result goes out with this step's output (3).
+   c. Validate each new posting, write one ``received`` row per (sender, message id) with its
+      status OK/REJECTED, reason, hash and step, and audit it (``processed``); a posting whose
+      (sender, message id) is already received (a replay, or a duplicate) gets NO new result
+      (audit ``replay_suppressed``; ``rerouted`` when b. routed it in this step); a sender that
+      is still not registered is recorded with ``routed = false`` (audit ``unroutable``) and
+      waits for b.
 3. Either way, the step's output is READ BACK from ``received`` by the hash: a retry after a crash
-   returns exactly the results of the first execution.
+   returns exactly the results of the first execution (including the rows b. routed). Each
+   result's ``receiver`` is p, the publisher (producers check it, ``results.py``).
 4. The runner prepares, records the attempt and commits the results to RESULTS subject n in one
    Delta commit with the delivery hash (at most once per step).
 
@@ -32,7 +43,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import psycopg
@@ -58,6 +69,7 @@ from cues_platform.participants.model import (
 from cues_platform.participants.network import require, validate_participant
 from cues_platform.processing.graph import Graph, In, Kind, Options, Out, Processor, QueueDef
 from cues_platform.processing.sinks import postgres_once
+from cues_platform.processing.step import Hook
 from cues_platform.queues import Lake
 
 log = logging.getLogger(__name__)
@@ -83,13 +95,63 @@ def default_validator(posting: dict[str, Any], receiver: str, settings: Settings
     return ProcessingStatus.OK.value, None
 
 
-def consume(ctx: Any, conn: psycopg.Connection, batch: pa.Table, *, receiver: str, routable: set[str],
-            instance: str, settings: Settings, validator: Validator = default_validator) -> pa.Table:
-    """Steps 2-3 for one batch of POSTINGS subject ``receiver``; returns the RESULTS rows."""
+class Routes:
+    """The senders a consumer can answer: the RESULTS subjects (registered producers).
+
+    Asked about senders it does not know, it re-reads the queue's partitions first (one Delta log
+    refresh), so a producer registered while the consumer runs is routable at its first posting.
+    Subjects are only ever added, so a cached sender stays routable."""
+
+    def __init__(self, lake: Lake) -> None:
+        self.queue = lake.queue(RESULTS)
+        self.known = set(self.queue.partitions)
+
+    def __call__(self, senders: Iterable[str]) -> set[str]:
+        if not set(senders) <= self.known:
+            self.queue.refresh()
+            self.known = set(self.queue.partitions)
+        return self.known
+
+
+RoutesFn = Callable[[set[str]], set[str]]
+
+
+def _reroute(conn: psycopg.Connection, ctx: Any, senders: list[str]) -> dict[tuple[str, str], dict]:
+    """Step 2b: route the waiting ``routed = false`` rows of ``senders`` in this step."""
+    if not senders:
+        return {}
+    old = conn.execute(
+        "SELECT sender, message_id, delivery_hash, step FROM received "
+        "WHERE NOT routed AND sender = ANY(%s) FOR UPDATE", (senders,)).fetchall()
+    if not old:
+        return {}
+    conn.execute(
+        "UPDATE received SET routed = true, delivery_hash = %s, step = %s "
+        "WHERE NOT routed AND sender = ANY(%s)", (ctx.delivery_hash, ctx.step, senders))
+    for s in senders:
+        log.warning("sender %r is registered now: its waiting postings are answered in step %s",
+                    s, ctx.step)
+    return {(s, m): {"first_hash": h, "first_step": st, "step": ctx.step} for s, m, h, st in old}
+
+
+def consume(ctx: Any, conn: psycopg.Connection, batch: pa.Table, *, receiver: str,
+            routable: set[str] | RoutesFn, instance: str, settings: Settings,
+            validator: Validator = default_validator) -> pa.Table:
+    """Steps 2-3 for one batch of POSTINGS subject ``receiver``; returns the RESULTS rows.
+
+    ``routable``: the registered senders, or a :class:`Routes` (refreshed on unknown senders)."""
     rows = sorted(batch.to_pylist(), key=lambda r: r["_offset"])
+    routes: RoutesFn = routable if callable(routable) else (lambda _s, fixed=set(routable): fixed)
     # Step 2
     with postgres_once(ctx, conn) as delivery:
         if delivery.first_time and rows:
+            # Step 2a
+            waiting = {s for (s,) in conn.execute(
+                "SELECT DISTINCT sender FROM received WHERE NOT routed")}
+            can_route = routes({r["sender"] for r in rows} | waiting)
+            # Step 2b
+            rerouted = _reroute(conn, ctx, sorted(waiting & can_route))
+            # Step 2c
             keys = list({(r["sender"], r["message_id"]) for r in rows})
             known = {(s, m) for s, m in conn.execute(
                 "SELECT sender, message_id FROM received WHERE (sender, message_id) IN "
@@ -100,18 +162,22 @@ def consume(ctx: Any, conn: psycopg.Connection, batch: pa.Table, *, receiver: st
             for r in rows:
                 key = (r["sender"], r["message_id"])
                 detail = {"offset": r["_offset"], "replays": r["replays"], "step": ctx.step}
+                if key in rerouted:  # a replay of a waiting posting: answered in this step
+                    audits.append((*key, "rerouted", Jsonb({**detail, **rerouted.pop(key)})))
+                    continue
                 if key in known:
                     audits.append((*key, "replay_suppressed", Jsonb(detail)))
                     continue
                 known.add(key)
                 status, reason = validator(r, receiver, settings)
-                routed = r["sender"] in routable
+                routed = r["sender"] in can_route
                 new.append((*key, r["receiver"], r["replays"], status, reason, routed))
                 audits.append((*key, "processed" if routed else "unroutable",
                                Jsonb({**detail, "status": status, "reason": reason})))
                 if not routed:
-                    log.error("posting %s from unknown sender %r recorded, no result sent", key[1],
-                              key[0])
+                    log.error("posting %s from unregistered sender %r recorded; it is answered "
+                              "once the sender is registered", key[1], key[0])
+            audits += [(*key, "rerouted", Jsonb(d)) for key, d in rerouted.items()]
             if new:
                 conn.execute(
                     "INSERT INTO received (sender, message_id, receiver, replays, status, reason, "
@@ -125,10 +191,12 @@ def consume(ctx: Any, conn: psycopg.Connection, batch: pa.Table, *, receiver: st
                     "VALUES (%s, %s, %s, %s, %s)",
                     [(s, m, a, instance, d) for s, m, a, d in audits])
         # Step 3
+        # the receiver column names the publisher (this participant), never what a posting
+        # claimed: a misrouted posting's result must not pass for its claimed receiver's
         out = conn.execute(
-            "SELECT sender, receiver, message_id, replays, status, reason, received_at "
+            "SELECT sender, %s::text, message_id, replays, status, reason, received_at "
             "FROM received WHERE delivery_hash = %s AND routed ORDER BY sender, message_id",
-            (ctx.delivery_hash,)).fetchall()
+            (receiver, ctx.delivery_hash)).fetchall()
     cols = list(zip(*out, strict=True)) if out else [[]] * 7
     return pa.table({name: list(col) for name, col in zip(RESULTS_SCHEMA.names, cols, strict=True)},
                     schema=RESULTS_SCHEMA)
@@ -139,8 +207,9 @@ class ConsumerInstance(InstanceLoop):
 
     def __init__(self, *, participant: str, lake: Lake, dsn: str, instance_id: str,
                  settings: Settings | None = None, spark: Any = None,
-                 validator: Validator = default_validator) -> None:
+                 validator: Validator = default_validator, hook: Hook | None = None) -> None:
         self.p = validate_participant(participant)
+        self.hook = hook  # the processor's step points (fault injection in tests)
         self.lake, self.instance = lake, instance_id
         self.settings = settings or Settings()
         self.db = Database(dsn, app=f"cues-participant:{self.p}:{instance_id}")
@@ -161,14 +230,16 @@ class ConsumerInstance(InstanceLoop):
         self.db.run(lambda c: leases.ensure_leases(c, [CONSUMER_LEASE]), what="init")
 
     def graph(self) -> Graph:
-        results = self.lake.queue(RESULTS)
-        results.refresh()
-        routable = set(results.partitions)
+        # RESULTS is routed by the row's ``sender`` column: the output commit checks each
+        # partition against the queue (refreshing on a new one), so the graph's declared RESULTS
+        # partitions only need to be valid names, and a later registration needs no rebuild.
+        routes = Routes(self.lake)
+        routable = routes(())
 
         def fn(ctx: Any, postings: Any) -> pa.Table:
             batch = postings.toArrow() if hasattr(postings, "toArrow") else postings
             conn = self.db.connection()
-            return consume(ctx, conn, batch, receiver=self.p, routable=routable,
+            return consume(ctx, conn, batch, receiver=self.p, routable=routes,
                            instance=self.instance, settings=self.settings,
                            validator=self.validator)
 
@@ -207,7 +278,7 @@ class ConsumerInstance(InstanceLoop):
             from cues_platform.processing.runner import GraphRunner
 
             self.runner = GraphRunner(graph=self.graph(), lake=self.lake, spark=self.spark,
-                                      keep_results=False)
+                                      keep_results=False, hook=self.hook)
         return self.runner
 
     def tick(self) -> bool:

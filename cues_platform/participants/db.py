@@ -139,6 +139,9 @@ CREATE TABLE received (
 );
 CREATE INDEX received_hash ON received (delivery_hash);
 """),
+    (2, "consumer: postings waiting for their sender's registration (routed = false)", """
+CREATE INDEX received_unrouted ON received (sender) WHERE NOT routed;
+"""),
 ]
 
 

@@ -76,7 +76,6 @@ from cues_platform.participants.model import (
     POSTINGS_SCHEMA,
     RESULTS,
     AckStatus,
-    ProcessingStatus,
     Role,
     Settings,
 )
@@ -404,70 +403,9 @@ class ProducerInstance(InstanceLoop):
     # -- Step 6 ------------------------------------------------------------------------------------
     def apply_results_once(self) -> int:
         """Apply the next RESULTS of subject n, exactly once; returns how many were read."""
+        from cues_platform.participants.results import apply_results_once
 
-        def tx(conn: psycopg.Connection) -> int:
-            row = conn.execute(
-                "SELECT position FROM subscriptions WHERE queue = %s AND partition = %s "
-                "FOR UPDATE SKIP LOCKED", (RESULTS, self.n)).fetchone()
-            if row is None:
-                return 0  # another instance is applying results right now
-            position = int(row[0])
-            table = self.results.read_arrow(partition=self.n, start=position,
-                                            end=position + self.settings.results_batch)
-            if table.num_rows == 0:
-                return 0
-            self._apply(conn, table)
-            end = int(table["_offset"][-1].as_py()) + 1
-            conn.execute("UPDATE subscriptions SET position = %s WHERE queue = %s AND "
-                         "partition = %s", (end, RESULTS, self.n))
-            return table.num_rows
-
-        n = self.db.run(tx, what="apply results")
-        self.stats["results"] += n
-        return n
-
-    def _apply(self, conn: psycopg.Connection, table: pa.Table) -> None:
-        good: dict[str, tuple[str, str | None, int]] = {}
-        for r in table.to_pylist():
-            mid, status, offset = r.get("message_id"), r.get("status"), r["_offset"]
-            if (not mid or status not in (ProcessingStatus.OK, ProcessingStatus.REJECTED)
-                    or r.get("sender") != self.n):
-                self.stats["issues"] += 1
-                record_issue(conn, "malformed_result", instance=self.instance, sender=r.get("sender"),
-                             message_id=mid, offset=offset, status=status,
-                             receiver=r.get("receiver"))
-                continue
-            if mid in good:
-                self.stats["issues"] += 1
-                record_issue(conn, "duplicate_result", instance=self.instance, sender=self.n,
-                             message_id=mid, offset=offset)
-                continue
-            good[mid] = (status, r.get("reason"), offset)
-        if not good:
-            return
-        ids = list(good)
-        updated = {r[0] for r in conn.execute(
-            "UPDATE messages m SET ack_status = 'acked_result', processing_status = u.status, "
-            "result_reason = u.reason, result_at = now(), updated_at = now() "
-            "FROM unnest(%s::text[], %s::text[], %s::text[]) AS u(id, status, reason) "
-            "WHERE m.sender = %s AND m.message_id = u.id AND m.ack_status <> 'acked_result' "
-            "RETURNING m.message_id",
-            (ids, [good[i][0] for i in ids], [good[i][1] for i in ids], self.n))}
-        missing = [i for i in ids if i not in updated]
-        known = set()
-        if missing:
-            known = {r[0] for r in conn.execute(
-                "SELECT message_id FROM messages WHERE sender = %s AND message_id = ANY(%s)",
-                (self.n, missing))}
-        for mid in missing:
-            self.stats["issues"] += 1
-            kind = "duplicate_result" if mid in known else "unknown_message"
-            record_issue(conn, kind, instance=self.instance, sender=self.n, message_id=mid,
-                         offset=good[mid][2], status=good[mid][0])
-        for status in (ProcessingStatus.OK, ProcessingStatus.REJECTED):
-            sel = [i for i in ids if i in updated and good[i][0] == status]
-            audit_many(conn, self.n, sel, "result_received", self.instance,
-                       {"status": status.value})
+        return apply_results_once(self)
 
 
 def pending_counts(db: Database) -> dict[str, int]:

@@ -22,7 +22,9 @@ def test_cli_register_post_check(tmp_path: Path, make_db: Callable[[str], str]) 
                                   "--consumer", "bank-x"])
     assert ok.exit_code == 0, ok.output
     out = cli.invoke(participant, ["migrate", "--id", "bank-a", "--dsn", dsn])
-    assert out.exit_code == 0 and "applied migrations [1]" in out.output
+    from cues_platform.participants.db import MIGRATIONS
+
+    assert out.exit_code == 0 and f"applied migrations {[v for v, _, _ in MIGRATIONS]}" in out.output
     args = ["post", "--id", "bank-a", "--lake", lake, "--dsn", dsn, "--to", "bank-x"]
     out = cli.invoke(participant, [*args, "--count", "3", "--prefix", "p"])
     assert out.exit_code == 0 and "recorded 3" in out.output, out.output
