@@ -60,15 +60,17 @@ def one_line_errors(main: Callable[[], int], *, what: str = "instance") -> int:
     try:
         return main()
     except CuesError as exc:
-        code, line = EXIT_BAD_INPUT, f"error: {what}: {first_line(exc)}"
-        if exc.retryable:
-            line += " (retryable: restarting may help)"
+        line = f"error: {what}: {first_line(exc)}"
+        return _report(exc, line + (" (retryable: restarting may help)" if exc.retryable else ""),
+                       EXIT_BAD_INPUT)
     except Exception as exc:  # noqa: BLE001 - the last resort of a process: one line, exit 3
-        code = EXIT_BUG
-        line = (f"error: {what}: unexpected {first_line(exc)} (a bug in cues_platform: rerun with "
-                f"{DEBUG_ENV}=1 for the traceback and report it)")
+        return _report(exc, f"error: {what}: unexpected {first_line(exc)} (a bug in cues_platform: "
+                            f"rerun with {DEBUG_ENV}=1 for the traceback and report it)", EXIT_BUG)
+
+
+def _report(exc: BaseException, line: str, code: int) -> int:
     if os.environ.get(DEBUG_ENV, "").strip() not in ("", "0"):
-        traceback.print_exc(file=sys.stderr)
+        traceback.print_exception(exc, file=sys.stderr)
     print(line, file=sys.stderr, flush=True)
     return code
 
