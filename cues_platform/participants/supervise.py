@@ -6,6 +6,7 @@ Contract of :meth:`Supervisor.run`:
    ``[instance NAME]``, and its last lines are kept.
 2. Poll them. An instance that exits while no stop was requested:
    - with exit code 0 after ``--idle-exit``: it is done;
+   - exit code 0 or killed by SIGTERM/SIGINT (stopped by someone else): restarted, not a failure;
    - otherwise it is reported in one line (``instance I (NAME) failed with exit code C: <its last
      error line>``); with restarts on it is restarted after ``restart_delay`` — the backoff doubles
      per consecutive failure up to ``restart_backoff_max`` and starts again from
@@ -148,15 +149,17 @@ class Supervisor:
         if child.reader is not None:
             child.reader.join(timeout=5)  # the rest of its stderr (EOF follows the exit)
         ran = now - child.started
-        stopped = self.stopping.is_set() and code in (0, -signal.SIGTERM, -signal.SIGINT)
-        if stopped or (code == 0 and self.idle_exit):
+        clean = code in (0, -signal.SIGTERM, -signal.SIGINT)  # ended, or stopped by a signal
+        if (clean and self.stopping.is_set()) or (code == 0 and self.idle_exit):
             child.done, child.failing = True, False
             return
-        if code != 0:
+        if clean:
+            self.echo(f"instance {child.index} ({child.name}) exited with code {code}")
+        else:
             self.failed.append((child.name, code))
             self.echo(f"instance {child.index} ({child.name}) failed with exit code {code} after "
                       f"{ran:.1f}s: {self._last_error(child)}")
-        child.failing = code != 0
+        child.failing = not clean
         if self.stopping.is_set() or not self.restart:
             child.done = True
             return

@@ -35,15 +35,15 @@ def test_history_across_both_databases_and_the_queues(lake: Lake, make_db: Calla
     register(lake, producers=["bank-a"], consumers=["bank-x"])
     dsn_a, dsn_x = make_db("bank-a"), make_db("bank-x")
     prod = ProducerInstance(participant="bank-a", lake=lake, dsn=dsn_a, instance_id="a1",
-                            settings=FAST)
+                            slots=2, settings=FAST)
     prod.start()
     post_many(prod.db, lake, sender="bank-a", postings=[
         Posting("bank-x", f"m{i}", json.dumps({"amount": i})) for i in range(3)])
     while prod.tick():
         pass
     prod2 = ProducerInstance(participant="bank-a", lake=lake, dsn=dsn_a, instance_id="a2",
-                             settings=FAST)
-    prod2.start()  # start-up replay (replay_after = 0): every posting is published again
+                             slots=2, settings=FAST)
+    prod2.start()  # takes slot 1, start-up replay (replay_after = 0): every posting again
     while prod2.tick():
         pass
     cons = ConsumerInstance(participant="bank-x", lake=lake, dsn=dsn_x, instance_id="x1",
