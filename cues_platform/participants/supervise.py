@@ -14,7 +14,8 @@ Contract of :meth:`Supervisor.run`:
 3. On :meth:`stop` (SIGTERM/SIGINT): SIGTERM every instance, restart none, wait for all.
 4. Return the exit code: ``EXIT_OK`` (0) when every instance ended cleanly (done, or stopped on
    request), ``EXIT_INSTANCE_FAILED`` (4) when an instance failed and was not restarted
-   (``--no-restart``) or was still failing (waiting for its restart) when the stop came.
+   (``--no-restart``), or was still failing when the stop came (waiting for its restart, or
+   restarted after a failure less than ``restart_healthy_after`` seconds before).
 
 :func:`one_line_errors` is what an instance process's ``__main__`` runs: an exception becomes one
 line on stderr (the traceback too only with ``CUES_DEBUG=1``) and exit code 2 (a ``CuesError``:
@@ -84,7 +85,8 @@ class _Child:
     started: float = 0.0
     failures: int = 0  # consecutive failures (reset after a healthy run)
     restart_at: float | None = None  # set while waiting to be restarted
-    failing: bool = False  # its last run failed
+    failing: bool = False  # its last run failed (or it was restarted after a failure and has
+    # not yet run healthy_after seconds)
     done: bool = False
     terminated: bool = False  # SIGTERM sent to its current process
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
@@ -150,8 +152,12 @@ class Supervisor:
             child.reader.join(timeout=5)  # the rest of its stderr (EOF follows the exit)
         ran = now - child.started
         clean = code in (0, -signal.SIGTERM, -signal.SIGINT)  # ended, or stopped by a signal
-        if (clean and self.stopping.is_set()) or (code == 0 and self.idle_exit):
+        if code == 0 and self.idle_exit:
             child.done, child.failing = True, False
+            return
+        if clean and self.stopping.is_set():  # still failing if restarted and not yet healthy
+            child.done = True
+            child.failing = child.failing and ran < self.healthy_after
             return
         if clean:
             self.echo(f"instance {child.index} ({child.name}) exited with code {code}")
