@@ -54,10 +54,20 @@ def test_upper_case_is_refused_with_the_lowercase_id_as_hint() -> None:
         validate_participant("Bank-A")
 
 
-@settings(max_examples=300, deadline=None)
-@given(a=IDS, b=IDS)
-def test_the_database_mapping_is_injective(a: str, b: str) -> None:
-    """Distinct valid ids never share a database; every name fits PostgreSQL's 63 bytes."""
+def _near(a: str) -> st.SearchStrategy[str]:
+    """Ids close to ``a``: '-' and '_' swapped, the last character changed, one more, any."""
+    swapped = a.translate(str.maketrans("-_", "_-"))
+    last = a[:-1] + ("b" if a[-1] != "b" else "c")
+    longer = a + "-" if len(a) < 64 else a[:-1]
+    return st.sampled_from([swapped, a.replace("-", "_"), last, longer]) | IDS
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=st.data(), a=IDS)
+def test_the_database_mapping_is_injective(data: st.DataObject, a: str) -> None:
+    """Distinct valid ids never share a database (ids near each other included: '-' vs '_',
+    long ids with the same first 39 characters); every name fits PostgreSQL's 63 bytes."""
+    b = data.draw(_near(a))
     assert len(database_name(a)) <= 63 and len(database_name(b)) <= 63
     assert (database_name(a) == database_name(b)) == (a == b)
 
