@@ -169,9 +169,11 @@ def post(participant: str, lake_root: str, dsn: str | None, data_dir: str, recei
     import uuid
 
     from cues_platform.participants.db import Database
+    from cues_platform.participants.network import validate_participant
     from cues_platform.participants.producer import Posting, post_many
     from cues_platform.queues import Lake
 
+    validate_participant(receiver)  # before the sender's database is created or touched
     settings = _settings(config, options)
     db = Database(_dsn(participant, dsn, data_dir))
     db.migrate()

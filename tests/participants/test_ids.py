@@ -86,6 +86,8 @@ COMMANDS = {
     "migrate": lambda pid, d: ["migrate", "--id", pid, "--data-dir", str(d)],
     "post": lambda pid, d: ["post", "--id", pid, "--to", "bank-x", "--lake", str(d / "lake"),
                             "--data-dir", str(d)],
+    "post --to": lambda pid, d: ["post", "--id", "bank-a", "--to", pid, "--lake",
+                                 str(d / "lake"), "--data-dir", str(d)],
     "run": lambda pid, d: ["run", "--id", pid, "--role", "producer", "--lake", str(d / "lake"),
                            "--data-dir", str(d)],
     "check": lambda pid, d: ["check", "--id", pid, "--role", "producer", "--data-dir", str(d)],
