@@ -3,6 +3,8 @@ database created by a read-only command (on a real embedded PostgreSQL under --d
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,12 +26,15 @@ IDS = st.from_regex(r"[a-z][a-z0-9_-]{0,63}", fullmatch=True)
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A --data-dir whose embedded server runs (started once for the module)."""
-    path = tmp_path_factory.mktemp("participants")
+def data_dir() -> Iterator[Path]:
+    """A --data-dir whose embedded server runs (started once for the module). Outside pytest's
+    basetemp, as ``pg_dsn``'s server (tests/conftest.py): concurrent pytest sessions rotate those
+    folders under a running server."""
+    path = Path(tempfile.mkdtemp(prefix="cues-test-ids-"))
     embedded_postgres(path / "pg")
     yield path
     stop_embedded_postgres(path / "pg")
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def databases(data_dir: Path) -> set[str]:
