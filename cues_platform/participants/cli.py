@@ -1,8 +1,13 @@
-"""``cues participant ...``: register, migrate, post, run (x instances), status, check.
+"""``cues participant ...``: register, migrate, post, run (x instances), check, status, history.
 
 The main CLI registers this group with one line:
 ``main.add_command(participant)`` after ``from cues_platform.participants.cli import participant``.
 It also runs on its own: ``python -m cues_platform.participants.cli``.
+
+Exit codes: 0 ok; 1 ``check`` found issues or problems; 2 bad input, settings or state (a
+``CuesError``, one line); 3 an unexpected exception (one line; ``CUES_DEBUG=1`` adds the
+traceback); 4 ``run``: an instance failed and was not restarted (``--no-restart``), or was still
+failing when the run was stopped.
 """
 
 from __future__ import annotations
@@ -10,34 +15,55 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
-import time
-import uuid
+import traceback
+from collections.abc import Callable
+from typing import Any
 
 import click
 import psycopg
 
 from cues_platform.errors import CuesError
+from cues_platform.participants.config import CONFIG_ENV, field_types, to_env
 from cues_platform.participants.model import Role, Settings
+from cues_platform.participants.supervise import (
+    DEBUG_ENV,
+    EXIT_BAD_INPUT,
+    EXIT_BUG,
+    Supervisor,
+    first_line,
+)
 
 DEFAULT_LAKE = os.environ.get("CUES_LAKE", "lake")
 
 
 class _Group(click.Group):
-    """Every CuesError becomes one clear line and exit code 2."""
+    """Every failure is one line on stderr: a CuesError exits 2, anything else 3 (a bug; the
+    traceback only with ``CUES_DEBUG=1``), as ``cues`` does (``cues_platform/cli.py``)."""
 
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
         except CuesError as exc:
-            click.echo(f"error: {' '.join(str(exc).split())}", err=True)
-            sys.exit(2)
+            _fail(" ".join(str(exc).split()), exc, EXIT_BAD_INPUT)
+        except Exception as exc:  # noqa: BLE001 - the last resort of a command line: one line
+            _fail(f"unexpected {first_line(exc)} (a bug in cues_platform: rerun with "
+                  f"{DEBUG_ENV}=1 for the traceback and report it)", exc, EXIT_BUG)
+
+
+def _fail(message: str, exc: BaseException, code: int) -> None:
+    if os.environ.get(DEBUG_ENV, "").strip() not in ("", "0"):
+        traceback.print_exception(exc, file=sys.stderr)
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
 
 
 lake_option = click.option("--lake", "lake_root", default=DEFAULT_LAKE, show_default=True,
                            envvar="CUES_LAKE", help="Lake root: a folder or a delta-rs URI.")
-id_option = click.option("--id", "participant", required=True, help="Participant id.")
+id_option = click.option("--id", "participant", required=True,
+                         help="Participant id: lowercase letter, then [a-z0-9_-], <= 64 chars.")
 dsn_option = click.option("--dsn", envvar="CUES_POSTGRES_DSN", default=None,
                           help="PostgreSQL DSN of this participant's database (default: embedded "
                                "pgserver under --data-dir). Never logged.")
@@ -45,11 +71,53 @@ data_dir_option = click.option("--data-dir", default=".cues/participants", show_
                                help="Where the embedded PostgreSQL lives (one database per "
                                     "participant).")
 
+SETTING_HELP = {
+    "max_payload_bytes": "Largest payload accepted (bytes).",
+    "publish_attempts": "Publish attempts of one publication before bailing.",
+    "publish_timeout": "Seconds of publish retries before bailing (keep below --lease-seconds).",
+    "backoff_initial": "First wait between publish retries (s); doubles with jitter.",
+    "backoff_max": "Longest wait between publish retries (s).",
+    "lease_seconds": "Lease of a slot / the consumer (s); a dead holder is replaced after it.",
+    "batch_size": "Postings per publication (one POSTINGS commit).",
+    "results_batch": "Results applied per transaction.",
+    "replay_after": "Replay acked postings without a result after this many seconds.",
+    "idle_poll": "First wait when idle (s); doubles up to --max-idle-poll.",
+    "max_idle_poll": "Longest wait when idle (s).",
+    "consumer_batch": "Postings per consumer step.",
+    "restart_backoff_initial": "run: first wait before restarting a failed instance (s).",
+    "restart_backoff_max": "run: longest wait before restarting a failed instance (s).",
+    "restart_healthy_after": "run: an instance that ran this long restarts without backoff (s).",
+}
+
+
+def settings_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--config FILE`` and one ``--<field>`` option per ``model.Settings`` field."""
+    for name, typ in reversed(list(field_types(Settings).items())):
+        click_type = {int: click.INT, float: click.FLOAT, bool: click.BOOL}.get(typ, click.STRING)
+        fn = click.option(f"--{name.replace('_', '-')}", f"setting_{name}", type=click_type,
+                          default=None, help=SETTING_HELP.get(name, f"model.Settings.{name}"))(fn)
+    return click.option("--config", "config", default=None, type=click.Path(dir_okay=False),
+                        help=f"TOML file of settings (keys: model.Settings fields; default "
+                             f"${CONFIG_ENV}). Precedence: defaults < file < "
+                             "CUES_PARTICIPANT_* < options.")(fn)
+
+
+def _settings(config: str | None, options: dict[str, Any]) -> Settings:
+    overrides = {k.removeprefix("setting_"): options.pop(k) for k in list(options)
+                 if k.startswith("setting_")}
+    return Settings.load(config=config, overrides=overrides)
+
 
 def _dsn(participant: str, dsn: str | None, data_dir: str) -> str:
     from cues_platform.participants.db import participant_dsn
 
     return participant_dsn(participant, dsn=dsn, data_dir=data_dir)
+
+
+def _existing(participant: str, dsn: str | None, data_dir: str) -> psycopg.Connection:
+    from cues_platform.participants.db import connect_existing
+
+    return connect_existing(participant, dsn=dsn, data_dir=data_dir)
 
 
 @click.group(cls=_Group)
@@ -93,13 +161,20 @@ def migrate(participant: str, dsn: str | None, data_dir: str) -> None:
 @click.option("--prefix", default=None, help="Message id prefix (default: random).")
 @click.option("--jsonl", type=click.File("r"), default=None,
               help="Read postings from JSON lines {receiver, message_id, payload} instead.")
+@settings_options
 def post(participant: str, lake_root: str, dsn: str | None, data_dir: str, receiver: str,
-         count: int, payload: str, prefix: str | None, jsonl: click.File | None) -> None:
+         count: int, payload: str, prefix: str | None, jsonl: click.File | None,
+         config: str | None, **options: Any) -> None:
     """Record postings (nacked_posting, PENDING): the running instances publish them."""
+    import uuid
+
     from cues_platform.participants.db import Database
+    from cues_platform.participants.network import validate_participant
     from cues_platform.participants.producer import Posting, post_many
     from cues_platform.queues import Lake
 
+    validate_participant(receiver)  # before the sender's database is created or touched
+    settings = _settings(config, options)
     db = Database(_dsn(participant, dsn, data_dir))
     db.migrate()
     if jsonl is not None:
@@ -110,7 +185,7 @@ def post(participant: str, lake_root: str, dsn: str | None, data_dir: str, recei
         prefix = prefix or uuid.uuid4().hex[:8]
         postings = [Posting(receiver, f"{prefix}-{i:08d}", payload) for i in range(count)]
     n = post_many(db, Lake(root=lake_root), sender=participant, postings=postings,
-                  settings=Settings.from_env())
+                  settings=settings)
     click.echo(f"recorded {n} posting(s)")
 
 
@@ -124,76 +199,176 @@ def post(participant: str, lake_root: str, dsn: str | None, data_dir: str, recei
 @data_dir_option
 @click.option("--idle-exit", type=float, default=None, help="Stop after this many idle seconds.")
 @click.option("--restart/--no-restart", default=True, show_default=True,
-              help="Restart an instance that dies.")
+              help="Restart an instance that dies (with backoff: --restart-backoff-*).")
+@settings_options
 def run(participant: str, role: str, instances: int, slots: int | None, lake_root: str,
-        dsn: str | None, data_dir: str, idle_exit: float | None, restart: bool) -> None:
-    """Run X independent instances of a participant (one process each) until SIGTERM/Ctrl-C."""
-    from cues_platform.participants.network import require
+        dsn: str | None, data_dir: str, idle_exit: float | None, restart: bool,
+        config: str | None, **options: Any) -> None:
+    """Run X independent instances of a participant (one process each) until SIGTERM/Ctrl-C.
+
+    Each instance's stderr is forwarded prefixed with ``[instance NAME]``; a failed instance is
+    reported in one line with its exit code and last error line. Exit 0 when every instance ended
+    cleanly, 4 when one failed and was not restarted (or still failed when stopped)."""
+    from cues_platform.participants.network import require, validate_participant
     from cues_platform.queues import Lake
 
+    validate_participant(participant)
+    settings = _settings(config, options)
     require(Lake(root=lake_root), participant, role)
     resolved = _dsn(participant, dsn, data_dir)  # starts the embedded server once, here
-    env = {**os.environ, "CUES_POSTGRES_DSN": resolved}
-    base = [sys.executable, "-m", "cues_platform.participants.instance", "--id", participant,
-            "--role", role, "--lake", lake_root, "--slots", str(slots or instances)]
+    env = {k: v for k, v in os.environ.items() if k != CONFIG_ENV}
+    env.update(to_env(settings))  # the instances read them with Settings.from_env
+    env["CUES_POSTGRES_DSN"] = resolved
+    command = [sys.executable, "-m", "cues_platform.participants.instance", "--id", participant,
+               "--role", role, "--lake", lake_root, "--slots", str(slots or instances)]
     if idle_exit is not None:
-        base += ["--idle-exit", str(idle_exit)]
-    procs: dict[int, subprocess.Popen] = {}
-    stopping = False
-
-    def spawn(i: int) -> None:
-        procs[i] = subprocess.Popen([*base, "--instance", f"{participant}-{i}-{uuid.uuid4().hex[:6]}"],
-                                    env=env)
-
-    def stop(*_: object) -> None:
-        nonlocal stopping
-        stopping = True
-        for p in procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    for i in range(instances):
-        spawn(i)
+        command += ["--idle-exit", str(idle_exit)]
+    sup = Supervisor(command=command, env=env, count=instances, prefix=participant,
+                     restart=restart, idle_exit=idle_exit is not None,
+                     backoff_initial=settings.restart_backoff_initial,
+                     backoff_max=settings.restart_backoff_max,
+                     healthy_after=settings.restart_healthy_after,
+                     echo=lambda line: click.echo(line, err=True))
+    signal.signal(signal.SIGTERM, sup.stop)
+    signal.signal(signal.SIGINT, sup.stop)
     click.echo(f"{participant} ({role}): {instances} instance(s) running", err=True)
-    while procs:
-        for i, p in list(procs.items()):
-            code = p.poll()
-            if code is None:
-                continue
-            if stopping or not restart or (code == 0 and idle_exit is not None):
-                del procs[i]
-            else:
-                click.echo(f"instance {i} exited with {code}; restarting", err=True)
-                spawn(i)
-        time.sleep(0.2)
+    code = sup.run()
+    if sup.failed:
+        click.echo(f"{participant} ({role}): {len(sup.failed)} instance failure(s): "
+                   + ", ".join(f"{name} exit {c}" for name, c in sup.failed[-10:]), err=True)
+    sys.exit(code)
+
+
+def _roles(lake_root: str, participant: str, role: str | None) -> list[Role]:
+    from cues_platform.participants.errors import UnknownParticipantError
+    from cues_platform.participants.network import registered_roles
+    from cues_platform.queues import Lake
+
+    if role is not None:
+        return [Role(role)]
+    roles = registered_roles(Lake(root=lake_root), participant)
+    if not roles:
+        raise UnknownParticipantError(
+            f"participant {participant} is registered in no role in the lake {lake_root}; pass "
+            "the right --lake, or --role producer|consumer", participant=participant)
+    return roles
+
+
+@participant.command()
+@id_option
+@lake_option
+@dsn_option
+@data_dir_option
+@click.option("--role", type=click.Choice([r.value for r in Role]), default=None,
+              help="Check this role (default: every role the participant is registered for in "
+                   "--lake).")
+@click.option("--complete", is_flag=True, help="Also require every posting to have its result.")
+@click.option("--json", "as_json", is_flag=True)
+def check(participant: str, lake_root: str, dsn: str | None, data_dir: str, role: str | None,
+          complete: bool, as_json: bool) -> None:
+    """Consistency issues (exit 1 if any) and, with --complete, completeness. Read only."""
+    from cues_platform.participants.checks import check_consumer, check_producer
+    from cues_platform.participants.network import validate_participant
+    from cues_platform.queues import Lake
+
+    validate_participant(participant)
+    roles = _roles(lake_root, participant, role)
+    with _existing(participant, dsn, data_dir) as conn:
+        reports = {r.value: (check_producer(conn, participant, complete=complete)
+                             if r is Role.PRODUCER
+                             else check_consumer(conn, participant, complete=complete,
+                                                 lake=Lake(root=lake_root)))
+                   for r in roles}
+    passed = all(rep.passed for rep in reports.values())
+    if as_json:
+        click.echo(json.dumps({"participant": participant, "passed": passed, "roles": {
+            name: {"passed": rep.passed, "counts": rep.counts, "problems": rep.problems,
+                   "issues": rep.issues} for name, rep in reports.items()}},
+            default=str, indent=2))
+    else:
+        for name, report in reports.items():
+            click.echo(f"{participant} ({name}): {report.counts}")
+            for issue in report.issues:
+                click.echo(f"issue {issue['kind']}: sender={issue['sender']} "
+                           f"message_id={issue['message_id']} {issue['detail']}")
+            for problem in report.problems[:50]:
+                click.echo(f"problem: {problem}")
+    sys.exit(0 if passed else 1)
 
 
 @participant.command()
 @id_option
 @dsn_option
 @data_dir_option
-@click.option("--complete", is_flag=True, help="Also require every posting to have its result.")
 @click.option("--json", "as_json", is_flag=True)
-def check(participant: str, dsn: str | None, data_dir: str, complete: bool, as_json: bool) -> None:
-    """Consistency issues (exit 1 if any) and, with --complete, completeness of a producer."""
-    from cues_platform.participants.checks import check_producer
+def status(participant: str, dsn: str | None, data_dir: str, as_json: bool) -> None:
+    """Counts by status of the participant's database (read only; creates nothing)."""
+    from cues_platform.participants.db import schema_version
 
-    with psycopg.connect(_dsn(participant, dsn, data_dir)) as conn:
-        report = check_producer(conn, participant, complete=complete)
+    with _existing(participant, dsn, data_dir) as conn:
+        out = {"participant": participant, "schema_version": schema_version(conn),
+               "messages": {f"{a}/{p}": int(n) for a, p, n in conn.execute(
+                   "SELECT ack_status, processing_status, count(*) FROM messages "
+                   "GROUP BY 1, 2 ORDER BY 1, 2")},
+               "received": {s: int(n) for s, n in conn.execute(
+                   "SELECT status, count(*) FROM received GROUP BY 1 ORDER BY 1")},
+               "consistency_issues": int(conn.execute(
+                   "SELECT count(*) FROM consistency_issues").fetchone()[0])}
     if as_json:
-        click.echo(json.dumps({"participant": participant, "passed": report.passed,
-                               "counts": report.counts, "problems": report.problems,
-                               "issues": report.issues}, default=str, indent=2))
+        click.echo(json.dumps(out, indent=2))
     else:
-        click.echo(f"{participant}: {report.counts}")
-        for issue in report.issues:
-            click.echo(f"issue {issue['kind']}: sender={issue['sender']} "
-                       f"message_id={issue['message_id']} {issue['detail']}")
-        for problem in report.problems[:50]:
-            click.echo(f"problem: {problem}")
-    sys.exit(0 if report.passed else 1)
+        click.echo(" ".join(f"{k}={v}" for k, v in out.items()))
+
+
+@participant.command()
+@id_option
+@click.option("--message-id", required=True, help="The posting's message id (ids are per sender).")
+@click.option("--lake", "lake_root", default=None,
+              help="Also show the posting's POSTINGS/RESULTS rows with offsets (scans the two "
+                   "subjects).")
+@dsn_option
+@data_dir_option
+@click.option("--receiver", default=None,
+              help="Receiver to look at when the sender has no row for the message.")
+@click.option("--receiver-dsn", envvar="CUES_RECEIVER_DSN", default=None,
+              help="DSN of the receiver's database (default: embedded under --data-dir).")
+@click.option("--json", "as_json", is_flag=True)
+def history(participant: str, message_id: str, lake_root: str | None, dsn: str | None,
+            data_dir: str, receiver: str | None, receiver_dsn: str | None, as_json: bool) -> None:
+    """A posting's whole life across the sender's (--id) and the receiver's databases: statuses,
+    replays, retries, publications, audit rows, consistency issues, the receiver's row. Read only."""
+    from contextlib import ExitStack
+
+    from cues_platform.participants.errors import MissingDatabaseError
+    from cues_platform.participants.history import history as build
+    from cues_platform.participants.history import render
+    from cues_platform.participants.network import validate_participant
+    from cues_platform.queues import Lake
+
+    validate_participant(participant)
+    if receiver is not None:
+        validate_participant(receiver)
+    with ExitStack() as stack:
+        sender_conn = stack.enter_context(_existing(participant, dsn, data_dir))
+        row = sender_conn.execute("SELECT receiver FROM messages WHERE sender = %s AND "
+                                  "message_id = %s", (participant, message_id)).fetchone()
+        target = row[0] if row else receiver
+        receiver_conn, note = None, None
+        if target is not None:
+            try:
+                receiver_conn = stack.enter_context(_existing(target, receiver_dsn, data_dir))
+            except MissingDatabaseError as exc:
+                note = f"receiver side not shown: {exc}"
+        h = build(sender_conn=sender_conn, sender=participant, message_id=message_id,
+                  receiver_conn=receiver_conn, receiver=target,
+                  lake=Lake(root=lake_root) if lake_root else None)
+        if note:
+            h.notes.append(note)
+    if as_json:
+        click.echo(json.dumps(h.as_dict(), default=str, indent=2))
+    else:
+        for line in render(h):
+            click.echo(line)
 
 
 def main() -> None:  # pragma: no cover - ``python -m cues_platform.participants.cli``

@@ -10,6 +10,7 @@ lock so that x instances starting at once apply each migration exactly once.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from collections.abc import Callable
@@ -28,7 +29,11 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from cues_platform.participants.errors import DatabaseUnavailableError, ParticipantConfigError
+from cues_platform.participants.errors import (
+    DatabaseUnavailableError,
+    MissingDatabaseError,
+    ParticipantConfigError,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -142,6 +147,16 @@ CREATE INDEX received_hash ON received (delivery_hash);
     (2, "consumer: postings waiting for their sender's registration (routed = false)", """
 CREATE INDEX received_unrouted ON received (sender) WHERE NOT routed;
 """),
+    (3, "audit trail: TRUNCATE raises (UPDATE/DELETE stay no-ops)", """
+CREATE FUNCTION cues_audit_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'the audit trail is append-only: % on audit is refused', TG_OP
+        USING ERRCODE = 'insufficient_privilege';
+END
+$$;
+CREATE TRIGGER audit_no_truncate BEFORE TRUNCATE ON audit
+    FOR EACH STATEMENT EXECUTE FUNCTION cues_audit_append_only();
+"""),
 ]
 
 
@@ -154,9 +169,31 @@ def validate_database_name(name: str) -> str:
     return name
 
 
+LEGACY_PREFIX = "cues_p_"  # ids without '_' that fit: cues_p_<id with '-' -> '_'> (as before)
+HASHED_PREFIX = "cues_h_"  # every other valid id: cues_h_<stem>_<16 hex of sha256(id)>
+PG_NAME_MAX = 63  # PostgreSQL truncates identifiers to 63 bytes
+
+
 def database_name(participant: str) -> str:
-    """The database of a participant on a shared (embedded) server: ``cues_p_<id>``."""
-    return validate_database_name("cues_p_" + re.sub(r"[^a-z0-9_]", "_", participant.lower()))
+    """The database of a participant on a shared (embedded) server; injective on valid ids.
+
+    1. Validate the id (``network.validate_participant``: lowercase, ``[a-z][a-z0-9_-]``, <= 64).
+    2. An id without ``_`` whose name fits in 63 bytes keeps its historical database
+       ``cues_p_<id with '-' replaced by '_'>``: on ids without ``_`` that replacement is
+       one-to-one, so existing databases of such ids keep working.
+    3. Any other id (one with ``_``, or a long one) gets ``cues_h_<first 39 characters>_<16 hex
+       digits of sha256(id)>``: the prefix keeps it apart from step 2's names, the hash of the
+       exact id keeps ``bank_a`` apart from another id with the same stem.
+    """
+    from cues_platform.participants.network import validate_participant
+
+    pid = validate_participant(participant)  # Step 1
+    plain = pid.replace("-", "_")
+    if "_" not in pid and len(LEGACY_PREFIX) + len(pid) <= PG_NAME_MAX:  # Step 2
+        return validate_database_name(LEGACY_PREFIX + plain)
+    digest = hashlib.sha256(pid.encode()).hexdigest()[:16]  # Step 3
+    stem = plain[: PG_NAME_MAX - len(HASHED_PREFIX) - 1 - len(digest)]
+    return validate_database_name(f"{HASHED_PREFIX}{stem}_{digest}")
 
 
 def with_database(dsn: str, database: str) -> str:
@@ -183,10 +220,15 @@ def ensure_database(server_dsn: str, database: str) -> str:
     return with_database(server_dsn, database)
 
 
-def participant_dsn(participant: str, *, dsn: str | None = None, data_dir: str | Path | None = None) -> str:
+def participant_dsn(participant: str, *, dsn: str | None = None, data_dir: str | Path | None = None,
+                    create: bool = True) -> str:
     """The DSN of a participant's database: ``dsn`` as given (external PostgreSQL: one database
     per participant, named by the DSN), else its own database on the embedded server under
-    ``data_dir``."""
+    ``data_dir``, created when missing unless ``create`` is False (read-only commands: then a
+    missing server or database raises :class:`MissingDatabaseError` and nothing is created)."""
+    from cues_platform.participants.network import validate_participant
+
+    validate_participant(participant)
     if dsn:
         return dsn
     if data_dir is None:
@@ -196,7 +238,47 @@ def participant_dsn(participant: str, *, dsn: str | None = None, data_dir: str |
         )
     from cues_platform.pgserver_db import embedded_postgres
 
-    return ensure_database(embedded_postgres(Path(data_dir) / "pg"), database_name(participant))
+    pg_dir = Path(data_dir) / "pg"
+    database = database_name(participant)
+    if create:
+        return ensure_database(embedded_postgres(pg_dir), database)
+    if not (pg_dir / "PG_VERSION").exists():  # no server: do not initdb one to find nothing
+        raise _missing(participant, f"{pg_dir} (no PostgreSQL there)")
+    server = embedded_postgres(pg_dir)
+    with psycopg.connect(server, autocommit=True) as conn:
+        found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone()
+    if not found:
+        raise _missing(participant, f"{pg_dir} (database {database})")
+    return with_database(server, database)
+
+
+def _missing(participant: str, where: str) -> MissingDatabaseError:
+    return MissingDatabaseError(
+        f"participant {participant} has no database at {where}; run `cues participant migrate "
+        f"--id {participant}` (with the same --data-dir/--dsn) first", participant=participant,
+        where=where,
+    )
+
+
+def connect_existing(participant: str, *, dsn: str | None = None,
+                     data_dir: str | Path | None = None) -> psycopg.Connection:
+    """A connection to the participant's migrated database, for read-only commands (check,
+    status, history): creates nothing; a missing database or schema is a
+    :class:`MissingDatabaseError` naming the migrate command."""
+    resolved = participant_dsn(participant, dsn=dsn, data_dir=data_dir, create=False)
+    try:
+        conn = psycopg.connect(with_app_name(resolved, "cues-participant-cli"), connect_timeout=10,
+                               autocommit=True)
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailableError(
+            f"cannot connect to the database of participant {participant}: "
+            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}",
+            what="connect", participant=participant,
+        ) from exc
+    if conn.execute("SELECT to_regclass('schema_migrations')").fetchone()[0] is None:
+        conn.close()
+        raise _missing(participant, "the given --dsn (no cues schema in it)")
+    return conn
 
 
 def migrate(conn: psycopg.Connection) -> list[int]:

@@ -61,3 +61,17 @@ class PassFailedError(ParticipantError):
     instance recovers and continues."""
 
     retryable = True
+
+
+class MissingDatabaseError(ParticipantConfigError):
+    """A read-only command (check, status, history) found no database (or no schema) for the
+    participant; nothing was created. Run ``cues participant migrate --id ID`` first."""
+
+
+class SettingsError(ParticipantConfigError):
+    """A participant setting (config file, ``CUES_PARTICIPANT_*`` variable or CLI option) is
+    unknown or has a bad value; ``key`` names it, ``source`` says where it came from."""
+
+
+class MessageNotFoundError(ParticipantError):
+    """``history``: the sender's database has no posting with this message id."""

@@ -61,4 +61,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from cues_platform.participants.supervise import one_line_errors  # ops: one-line errors
+
+    sys.exit(one_line_errors(main))

@@ -16,6 +16,7 @@ The status of a message is the pair (ack status, processing status).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -74,7 +75,10 @@ RESULTS_SCHEMA = pa.schema([
 
 @dataclass(frozen=True)
 class Settings:
-    """Tunables of one participant (the CLI exposes them as options)."""
+    """Tunables of one participant, documented in docs/postings-protocol.md ("Operating
+    participants"). Set them in a TOML file (``--config``), as ``CUES_PARTICIPANT_<FIELD>``
+    variables or as options of ``cues participant run/post`` (``--publish-timeout 4`` ...);
+    see ``config.py`` for the precedence and the checks."""
 
     max_payload_bytes: int = 64 * 1024
     publish_attempts: int = 8  # attempts before bailing (the posting stays nacked)
@@ -88,14 +92,37 @@ class Settings:
     idle_poll: float = 0.02  # first wait when idle; doubles up to max_idle_poll
     max_idle_poll: float = 0.25
     consumer_batch: int = 5_000
+    # `cues participant run` (the supervisor): wait before restarting a failed instance, doubling
+    # per consecutive failure up to the max; reset once an instance ran healthy_after seconds.
+    restart_backoff_initial: float = 1.0
+    restart_backoff_max: float = 60.0
+    restart_healthy_after: float = 60.0
+
+    def __post_init__(self) -> None:
+        from cues_platform.participants.config import check
+
+        for name in self.__dataclass_fields__:
+            check(name, getattr(self, name), source="Settings")
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
-        """Defaults, then ``CUES_PARTICIPANT_<FIELD>`` environment variables, then overrides."""
-        values: dict[str, object] = {}
-        for name, field in cls.__dataclass_fields__.items():
-            raw = os.environ.get(f"CUES_PARTICIPANT_{name.upper()}")
-            if raw:
-                values[name] = type(getattr(cls, name))(raw) if field else raw
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)  # type: ignore[arg-type]
+        """Defaults < the file of ``$CUES_PARTICIPANT_CONFIG`` (if set) <
+        ``CUES_PARTICIPANT_<FIELD>`` environment variables < ``overrides`` (None skipped)."""
+        return cls.load(overrides=overrides)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> Settings:
+        """Defaults < the TOML file ``path`` (no environment)."""
+        from cues_platform.participants import config
+
+        return cls(**config.read_file(cls, path))  # type: ignore[arg-type]
+
+    @classmethod
+    def load(cls, *, config: str | os.PathLike[str] | None = None,
+             env: Mapping[str, str] | None = None,
+             overrides: Mapping[str, object] | None = None) -> Settings:
+        """Defaults < ``config`` file (else ``$CUES_PARTICIPANT_CONFIG``) < environment <
+        ``overrides``; a bad key or value raises ``SettingsError`` naming it."""
+        from cues_platform.participants import config as cfg
+
+        return cls(**cfg.load(cls, config=config, env=env, overrides=overrides))  # type: ignore[arg-type]

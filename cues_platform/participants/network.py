@@ -7,6 +7,7 @@ POSTINGS has its subject, a producer when RESULTS has its subject.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from cues_platform.participants.errors import ParticipantConfigError, UnknownParticipantError
@@ -18,20 +19,30 @@ from cues_platform.participants.model import (
     Role,
 )
 from cues_platform.queues import Lake, Queue
-from cues_platform.queues.errors import InvalidNameError
-from cues_platform.queues.names import validate_name, validate_partition
 
 PLACEHOLDER = "0"
 
 
-def validate_participant(participant: str) -> str:
-    try:
-        validate_name(participant, kind="participant")
-        return validate_partition(participant)
-    except InvalidNameError as exc:
-        raise ParticipantConfigError(
-            f"invalid participant id {participant!r}: {exc}", participant=participant
-        ) from exc
+ID_MAX = 64  # a participant id is a POSTINGS/RESULTS subject: partitions have 64 characters at most
+_ID = re.compile(rf"[a-z][a-z0-9_-]{{0,{ID_MAX - 1}}}")  # fullmatch: `$` accepts a trailing "\n"
+
+
+def validate_participant(participant: object) -> str:
+    """THE rule for participant ids, used by every command and function that takes one: a
+    lowercase letter, then lowercase letters, digits, ``-`` or ``_``; 64 characters at most.
+
+    Lowercase only, so that no two ids differ by case alone (``Bank-A`` and ``bank-a`` would be two
+    subjects but one database on a case-folding mapping); ``db.database_name`` maps valid ids to
+    databases injectively."""
+    if isinstance(participant, str) and _ID.fullmatch(participant):
+        return participant
+    hint = ""
+    if isinstance(participant, str) and _ID.fullmatch(participant.lower()):
+        hint = f" (ids are lowercase: {participant.lower()!r})"
+    raise ParticipantConfigError(
+        f"invalid participant id {participant!r}: use a lowercase letter, then lowercase letters, "
+        f"digits, '-' or '_', {ID_MAX} characters at most{hint}", participant=participant
+    )
 
 
 def _queue(lake: Lake, name: str, schema, parts: list[str]) -> Queue:  # noqa: ANN001
@@ -67,7 +78,7 @@ def results(lake: Lake) -> Queue:
 
 def require(lake: Lake, participant: str, role: Role | str) -> None:
     """Raise :class:`UnknownParticipantError` unless ``participant`` is registered in ``role``."""
-    role = Role(role)
+    participant, role = validate_participant(participant), Role(role)
     q = postings(lake) if role is Role.CONSUMER else results(lake)
     if participant not in q.partitions:
         q.refresh()
@@ -75,6 +86,16 @@ def require(lake: Lake, participant: str, role: Role | str) -> None:
         raise UnknownParticipantError(
             f"participant {participant!r} is not a registered {role.value} (known: "
             f"{sorted(p for p in q.partitions if p != PLACEHOLDER)}); register it first "
-            f"(cues participant register --id {participant} --role {role.value})",
+            f"(cues participant register --lake <lake> --{role.value} {participant})",
             participant=participant, role=role.value,
         )
+
+
+def registered_roles(lake: Lake, participant: str) -> list[Role]:
+    """The roles ``participant`` is registered for (read only: creates no queue)."""
+    participant = validate_participant(participant)
+    found = []
+    for role, name in ((Role.PRODUCER, RESULTS), (Role.CONSUMER, POSTINGS)):
+        if lake.has_queue(name) and participant in lake.queue(name).partitions:
+            found.append(role)
+    return found

@@ -141,6 +141,18 @@ PARTICIPANT_COMMANDS = (
     "cues participant run --id bank-x --role consumer --instances 2",
     "cues participant check --id bank-a --complete",
 )
+OPERATING_TEST = "tests/participants/test_history.py::test_operating_commands_as_printed"
+OPERATING_COMMANDS = (
+    "printf batch_size = 5\\nreplay_after = 120\\n > participant.toml",  # its shell words
+    "cues participant register --lake lake --producer bank-b --consumer bank-y",
+    "cues participant migrate --id bank-b",
+    "cues participant post --id bank-b --to bank-y --count 10 --prefix doc --config participant.toml",
+    "cues participant run --id bank-b --role producer --instances 2 --config participant.toml "
+    "--idle-exit 3 --no-restart",
+    "cues participant status --id bank-b",
+    "cues participant check --id bank-b",
+    "cues participant history --id bank-b --message-id doc-00000003 --lake lake",
+)
 
 # (file, python block's heading or shell command's key) -> the test that runs it as printed
 RUN_BY: dict[tuple[str, str], str] = {
@@ -163,6 +175,7 @@ RUN_BY: dict[tuple[str, str], str] = {
         f"{DOCS_TESTS}::test_bench_queues_quick",
     ("docs/benchmarks-pipes.md", ".venv/bin/python bench/bench_pipes.py"): f"{DOCS_TESTS}::test_bench_pipes",
     **{("docs/postings-protocol.md", c): f"{DOCS_TESTS}::test_participant_commands" for c in PARTICIPANT_COMMANDS},
+    **{("docs/postings-protocol.md", c): OPERATING_TEST for c in OPERATING_COMMANDS},
 }
 
 # (file, key) -> why it is not executed by a test (reviewed; keep each reason true)
