@@ -139,6 +139,16 @@ CREATE TABLE received (
 );
 CREATE INDEX received_hash ON received (delivery_hash);
 """),
+    (2, "takeover: members (fair share of slots), publication bail backoff and holder epoch", """
+CREATE TABLE members (
+    owner       text        PRIMARY KEY,
+    alive_until timestamptz NOT NULL,
+    joined_at   timestamptz NOT NULL DEFAULT now()
+);
+ALTER TABLE publications ADD COLUMN bails integer NOT NULL DEFAULT 0;
+ALTER TABLE publications ADD COLUMN retry_at timestamptz;
+ALTER TABLE publications ADD COLUMN epoch bigint;
+"""),
 ]
 
 

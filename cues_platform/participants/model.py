@@ -88,6 +88,13 @@ class Settings:
     idle_poll: float = 0.02  # first wait when idle; doubles up to max_idle_poll
     max_idle_poll: float = 0.25
     consumer_batch: int = 5_000
+    # a publication that keeps bailing: the first retry is at once, then the slot waits
+    # bail_backoff_initial * 2**(bails - 2) seconds, capped at bail_backoff_max; audit
+    # ``publish_bailed`` only at bails 1, 2, 4, 8, ... and ``publish_stuck`` once at
+    # bail_stuck_after bails (also logged at ERROR)
+    bail_backoff_initial: float = 1.0
+    bail_backoff_max: float = 60.0
+    bail_stuck_after: int = 8
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
