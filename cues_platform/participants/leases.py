@@ -44,17 +44,20 @@ def ensure_leases(conn: psycopg.Connection, names: Sequence[str]) -> None:
 
 
 def claim(conn: psycopg.Connection, names: Sequence[str], owner: str, ttl: float, *,
-          pattern: str | None = None, exclude: Sequence[str] = ()) -> Lease | None:
+          pattern: str | None = None, exclude: Sequence[str] = (),
+          taken_before: bool = False) -> Lease | None:
     """Claim one free or expired lease among ``names`` or the rows whose name matches the regular
     expression ``pattern``, other than ``exclude`` (the ones the claimer holds); call inside a
-    transaction. A row still owned by ``owner`` (a restart under the same name) comes first."""
+    transaction. A row still owned by ``owner`` (a restart under the same name) comes first.
+    ``taken_before``: only a lease some instance held before (a never claimed slot has no
+    publication to finish; leaving it to an instance that holds none avoids a start-up grab)."""
     # Step 1
     row = conn.execute(
         "SELECT name FROM leases WHERE (name = ANY(%s) OR name ~ %s) AND NOT name = ANY(%s) "
-        "AND (lease_until < now() OR owner = %s) "
+        "AND (lease_until < now() OR owner = %s) AND (owner IS NOT NULL OR NOT %s) "
         "ORDER BY (owner = %s) DESC NULLS LAST, length(name), name LIMIT 1 "
         "FOR UPDATE SKIP LOCKED",
-        (list(names), pattern or "^$", list(exclude), owner, owner),
+        (list(names), pattern or "^$", list(exclude), owner, taken_before, owner),
     ).fetchone()
     if row is None:
         return None
@@ -125,7 +128,8 @@ def plan(total: int, held: dict[str, int], owner: str) -> int:
     With ``n`` live members a member wants between ``total // n`` and ``ceil(total / n)`` leases.
     It claims while under its share (below the floor, or below the ceiling when no member holds
     fewer than it: so a lease left over by a dead or departed member is always claimed by one
-    of the least loaded), and releases one when it holds more than the floor while another
+    of the least loaded; beyond its first lease only one held before, see :func:`claim`), and
+    releases one when it holds more than the floor while another
     member holds at least two fewer (scale-up: a new member gets work)."""
     n = max(1, len(held))
     mine = held.get(owner, 0)
@@ -206,7 +210,8 @@ class LeaseKeeper:
         with self._lock:
             exclude = list(self.leases)
         lease = self.db.run(lambda c: claim(c, self.names, self.owner, self.ttl,
-                                            pattern=self.pattern, exclude=exclude),
+                                            pattern=self.pattern, exclude=exclude,
+                                            taken_before=bool(exclude)),
                             what="claim lease")
         if lease is not None:
             with self._lock:
