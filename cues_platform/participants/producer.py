@@ -1,8 +1,10 @@
 """The producer side (participant ``n``): record, publish to POSTINGS, apply RESULTS.
 
-Mapping onto the idempotent producer: a participant has ``slots`` publishing slots (default: its
-number of instances). An instance publishes only under the lease of a slot (``leases.py``), with
-producer id ``{n}.{slot}``; a *publication* is one POSTINGS commit (a batch of postings, possibly
+Mapping onto the idempotent producer: a participant has publishing slots (every ``slot:N`` lease
+row; ``slots``, default its number of instances, creates the missing ones). An instance publishes
+only under the lease of a slot (``leases.py``), with producer id ``{n}.{slot}``; it may hold
+several slots (fair share among the live instances, so the slots of instances gone for good are
+taken over) and serves them in turn; a *publication* is one POSTINGS commit (a batch of postings, possibly
 for several receivers) under that producer id with sequence = the slot's ``next_seq`` counter,
 assigned in the DB in the same transaction that assigns the postings to it. The platform producer
 wants gap-free, increasing sequences per producer id: a slot always (re)publishes its oldest
@@ -23,9 +25,11 @@ Delivery contract of one posting (the seed's producer protocol):
    idempotent producer ``{n}.{slot}`` with sequence ``seq``; wait for the ack (the Delta commit);
    retry with exponential backoff + jitter until acked, ``publish_timeout`` or
    ``publish_attempts``.
-4. If it bailed: record the real number of retries, the time and the error in the DB (audit
-   ``publish_bailed``); the posting stays (nacked_posting, PENDING) and step 3 is retried later
-   with the SAME (producer id, sequence) -- never a second copy.
+4. If it bailed: record the real number of retries, the time and the error in the DB; the
+   posting stays (nacked_posting, PENDING) and step 3 is retried later with the SAME (producer
+   id, sequence) and the same content -- never a second copy -- after an exponential, capped
+   backoff (``retry_at``); audit ``publish_bailed`` at bails 1, 2, 4, 8, ... and
+   ``publish_stuck`` once (:meth:`ProducerInstance._record_bail`).
 5. On ack: in one DB transaction set ack_status = acked_posting (keeping the processing status),
    the retries, the POSTINGS offset (audit ``posting_acked``).
 6. Subscribe to RESULTS subject n: in one DB transaction, lock the subscription position
@@ -35,7 +39,7 @@ Delivery contract of one posting (the seed's producer protocol):
    position past them. The position commits with the updates: each result applies exactly once.
 
 Crash anywhere: before 1's commit nothing exists; after 1 or 2 the posting is picked up by the
-slot's next holder; between 3's commit and 5 the re-publish is deduplicated by the producer
+slot's next holder (any live instance once the lease expired; audit ``republished`` on the ack); between 3's commit and 5 the re-publish is deduplicated by the producer
 (step 3 returns the original offsets) and 5 runs; a result may even arrive before 5 (step 6 then
 records it, and 5 does not downgrade it). Step 6 is all-or-nothing.
 """
@@ -47,7 +51,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 import pyarrow as pa
@@ -201,8 +205,7 @@ def bail_delay(bails: int, settings: Settings) -> float:
     return min(settings.bail_backoff_max, settings.bail_backoff_initial * 2.0 ** min(bails - 2, 60))
 
 
-@dataclass(frozen=True)
-class Taken:
+class Taken(NamedTuple):
     """A publication to send: its sequence, kind, rows and, for a re-publish after a takeover,
     the epoch of the slot lease it was made or last tried under (-1: unknown)."""
 

@@ -210,6 +210,11 @@ def _done(dsn: str, total: int) -> bool:
     return row == (total, 0)
 
 
+def _published(dsn: str, prefix: str) -> int:
+    return query(dsn, "SELECT count(*) FROM messages WHERE message_id LIKE %s "
+                      "AND ack_status <> 'nacked_posting'", (f"{prefix}%",))[0][0]
+
+
 def _owners(dsn: str) -> set[str]:
     """Live slot holders (instance names without the restart suffix)."""
     return {o.split("#")[0] for (o,) in query(
@@ -227,11 +232,11 @@ def test_scale_down_for_good_real_processes(tmp_path: Path, make_db: Callable[[s
     dsn_a, dsn_x = make_db("bank-a"), make_db("bank-x")
     for dsn in (dsn_a, dsn_x):
         Database(dsn).migrate()
-    total = _post(lake, dsn_a, 1500, "w1-")
+    total = _post(lake, dsn_a, 30, "w0-")
     logs = tmp_path / "logs"
     logs.mkdir()
     net = Network(lake=lake.root, dsns={"bank-a": dsn_a, "bank-x": dsn_x}, env=child_env(
-        lease_seconds=2, replay_after=60, batch_size=3, consumer_batch=500, idle_poll=0.02,
+        lease_seconds=2, replay_after=60, batch_size=4, consumer_batch=500, idle_poll=0.02,
         publish_timeout=1.5))
     producers = [Instance("bank-a", "producer", f"bank-a-{i}", dsn_a, 3, logs / f"a{i}.log")
                  for i in range(3)]
@@ -242,24 +247,27 @@ def test_scale_down_for_good_real_processes(tmp_path: Path, make_db: Callable[[s
     for inst in (*producers, *consumers):
         inst.start(lake.root, net.env)
     try:
-        # phase 1: postings flowing, each of the 3 instances holding a slot, results arriving
+        # phase 1: each of the 3 instances holding a slot, the consumer answering; then a wave
+        # of postings, and 2 instances die for good while it flows
         wait_until(lambda: _owners(dsn_a) == {p.name for p in producers}
-                   and _counts(dsn_a).get("acked_result", 0) > 0, timeout=180,
-                   what="3 slot holders and the first results")
-        assert _counts(dsn_a).get("nacked_posting", 0) > 0, "postings must still be flowing"
+                   and _done(dsn_a, total), timeout=180,
+                   what="3 slot holders and the results of wave 0")
+        total += _post(lake, dsn_a, 800, "w1-")
+        wait_until(lambda: _published(dsn_a, "w1-") >= 10, timeout=60, what="wave 1 flowing")
+        assert _published(dsn_a, "w1-") < 800, "wave 1 must still be flowing"
         producers[1].kill()
         producers[2].kill()
         owner = query(dsn_x, "SELECT owner FROM leases WHERE name = 'consumer'")[0][0]
         holder = next(c for c in consumers if owner.startswith(f"{c.name}#"))
         holder.kill()
-        total += _post(lake, dsn_a, 300, "w2-")
+        total += _post(lake, dsn_a, 100, "w2-")
         wait_until(lambda: _done(dsn_a, total), timeout=240, what="phase 1 to complete")
         assert _owners(dsn_a) == {"bank-a-0"}
         # phase 2: the last instance of generation 1 dies mid-flow; generation 2 has --slots 1
-        total += _post(lake, dsn_a, 1500, "w3-")
-        wait_until(lambda: _counts(dsn_a).get("acked_posting", 0) >= 30, timeout=120,
-                   what="generation 1 to publish part of wave 3")
+        total += _post(lake, dsn_a, 400, "w3-")
+        wait_until(lambda: _published(dsn_a, "w3-") >= 10, timeout=60, what="wave 3 flowing")
         producers[0].kill()
+        assert _published(dsn_a, "w3-") < 400, "wave 3 must still be flowing"
         gen2.start(lake.root, net.env)
         wait_until(lambda: _done(dsn_a, total), timeout=240, what="generation 2 to drain")
         assert _owners(dsn_a) == {"bank-a-gen2"}
