@@ -427,7 +427,8 @@ class ProducerInstance(InstanceLoop):
             detail = {"producer_id": pid, "sequence": seq, "attempts": attempts,
                       "duplicate": result.duplicate}
             # a re-publish after a takeover: the earlier holder's attempt counts as one (its
-            # real count died with it), so all of this holder's attempts are retries
+            # real count died with it), so all of this holder's attempts are retries (first
+            # postings; a replay's publish attempts are not counted, as before)
             first = 0 if taken.previous_epoch is not None else 1
             if taken.previous_epoch is not None:
                 audit_many(conn, self.n, ids, "republished", self.instance,
@@ -443,9 +444,6 @@ class ProducerInstance(InstanceLoop):
                     (attempts, first, ids, offs, self.n))
                 audit_many(conn, self.n, ids, "posting_acked", self.instance, detail)
             else:
-                if first == 0:
-                    conn.execute("UPDATE messages SET retries = retries + 1, updated_at = now() "
-                                 "WHERE sender = %s AND message_id = ANY(%s)", (self.n, ids))
                 audit_many(conn, self.n, ids, "replay_acked", self.instance, detail)
 
         self.db.run(ack, what="record ack")
