@@ -19,6 +19,7 @@ import pytest
 
 from cues_platform.participants.checks import check_producer
 from cues_platform.participants.db import Database
+from cues_platform.participants.leases import plan
 from cues_platform.participants.model import POSTINGS, RESULTS, Settings
 from cues_platform.participants.network import register
 from cues_platform.participants.producer import Posting, bail_delay, post_many, producer_id
@@ -79,7 +80,30 @@ def test_dead_slots_are_taken_over_by_the_last_instance(
     # item 7: a re-publish is the same posting: replays and last_datum unchanged (see the doc)
     assert query(dsn, "SELECT count(*) FROM messages WHERE replays <> 0 "
                       "OR last_datum <> inception_datum") == [(0,)]
-    a.close()
+    # and up again: two new instances join; a hands two slots over (fair share), and all keep
+    # publishing
+    b2, c2 = (instance(lake, dsn, name, slots=3, settings=FAST, holding=False)
+              for name in ("b2", "c2"))
+    _post(lake, dsn, 30, "n")
+    drive([a, b2, c2], lambda: all_acked(dsn) and set(slot_owners(dsn).values()) == {
+        "a", "b2", "c2"}, timeout=60, what="one slot per instance after scaling up")
+    assert len(_postings_rows(lake)) == 90 and set(_postings_rows(lake).values()) == {1}
+    for inst in (a, b2, c2):
+        inst.close()
+
+
+def test_fair_share_plan() -> None:
+    """The keeper's rule: claim under the share, release to a member two below (scale-up)."""
+    assert plan(3, {"a": 0}, "a") == 1  # alone: every slot
+    assert plan(3, {"a": 1}, "a") == 1
+    assert plan(3, {"a": 3}, "a") == 0
+    assert plan(3, {"a": 3, "b": 0}, "a") == -1 and plan(3, {"a": 3, "b": 0}, "b") == 1
+    assert plan(3, {"a": 2, "b": 1}, "a") == 0  # b would take a free one; a keeps its two
+    assert plan(3, {"a": 1, "b": 1}, "a") == 1  # a slot left over: the least loaded take it
+    assert plan(3, {"a": 1, "b": 1, "c": 1}, "a") == 0
+    assert plan(4, {"a": 2, "b": 2, "c": 0}, "a") == -1  # c gets one of a's
+    assert plan(4, {"a": 1, "b": 2, "c": 1}, "b") == 0  # then it is stable
+    assert plan(2, {"a": 1, "b": 1, "c": 0}, "a") == 0  # more instances than slots: standbys
 
 
 def test_stalled_holder_is_fenced_after_takeover(
