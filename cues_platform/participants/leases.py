@@ -267,13 +267,6 @@ class LeaseKeeper:
         else:
             self._drop(lease)
 
-    def halt(self) -> None:
-        """Stop renewing WITHOUT releasing anything (what a SIGKILL does; tests use it)."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(self.ttl)
-        self.db.close()
-
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
