@@ -30,7 +30,7 @@ ENV_PREFIX = "CUES_PARTICIPANT_"
 CONFIG_ENV = "CUES_PARTICIPANT_CONFIG"
 # Floats that must be > 0 (others may be 0, e.g. replay_after = 0 replays at once); ints are >= 1.
 POSITIVE = frozenset({"lease_seconds", "publish_timeout", "backoff_max", "max_idle_poll",
-                      "restart_backoff_max"})
+                      "restart_backoff_max", "bail_backoff_max"})
 
 
 def field_types(cls: type) -> dict[str, type]:

@@ -157,6 +157,16 @@ $$;
 CREATE TRIGGER audit_no_truncate BEFORE TRUNCATE ON audit
     FOR EACH STATEMENT EXECUTE FUNCTION cues_audit_append_only();
 """),
+    (4, "takeover: members (fair share of slots), publication bail backoff and holder epoch", """
+CREATE TABLE members (
+    owner       text        PRIMARY KEY,
+    alive_until timestamptz NOT NULL,
+    joined_at   timestamptz NOT NULL DEFAULT now()
+);
+ALTER TABLE publications ADD COLUMN bails integer NOT NULL DEFAULT 0;
+ALTER TABLE publications ADD COLUMN retry_at timestamptz;
+ALTER TABLE publications ADD COLUMN epoch bigint;
+"""),
 ]
 
 

@@ -97,6 +97,13 @@ class Settings:
     restart_backoff_initial: float = 1.0
     restart_backoff_max: float = 60.0
     restart_healthy_after: float = 60.0
+    # a publication that keeps bailing: the first retry is at once, then the slot waits
+    # bail_backoff_initial * 2**(bails - 2) seconds, capped at bail_backoff_max; audit
+    # ``publish_bailed`` only at bails 1, 2, 4, 8, ... and ``publish_stuck`` once at
+    # bail_stuck_after bails (also logged at ERROR)
+    bail_backoff_initial: float = 1.0
+    bail_backoff_max: float = 60.0
+    bail_stuck_after: int = 8
 
     def __post_init__(self) -> None:
         from cues_platform.participants.config import check

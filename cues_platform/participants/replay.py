@@ -1,13 +1,16 @@
 """The replay facility: on start-up, replay what is pending.
 
-Contract (run by an instance once it holds a slot lease, before it publishes anything new):
+Contract (run by an instance each time it takes a slot lease -- at start-up, and when it takes
+over the slot of an instance that died or left -- before it publishes anything new under it):
 
 1. Unacked postings (nacked_posting) need nothing special: the slot loop always publishes the
    oldest unacked publication first, with its ORIGINAL (producer id, sequence), so a posting that
    was in fact committed before the crash is deduplicated by the idempotent producer; postings
    not yet assigned are assigned by whichever instance gets them first.
 2. Acked postings still PENDING (no result yet) whose ``last_datum`` is older than
-   ``replay_after`` are replayed: in ONE DB transaction (under the lease; rows taken with
+   ``replay_after`` and whose latest publication is acked (a replay publication not acked yet
+   is still to be published by its slot, with its frozen content: replaying again meanwhile
+   would only add a copy) are replayed: in ONE DB transaction (under the lease; rows taken with
    ``FOR UPDATE SKIP LOCKED`` so two starting instances never replay the same message),
    ``replays`` += 1, ``last_datum`` = now, audit ``replay`` and a new publication of kind
    ``replay`` on this slot (the next sequence) carrying the posting with its new replay count.
@@ -51,14 +54,16 @@ def replay_pending(inst: ProducerInstance, *, limit: int | None = None) -> int:
     def tx(conn: psycopg.Connection) -> int:
         seq = leases.check_lease(conn, lease)
         ids = [r[0] for r in conn.execute(
-            "SELECT message_id FROM messages WHERE ack_status = 'acked_posting' AND "
-            "processing_status = 'PENDING' AND last_datum < %s "
-            "ORDER BY last_datum LIMIT %s FOR UPDATE SKIP LOCKED", (cutoff, limit))]
+            "SELECT m.message_id FROM messages m WHERE m.ack_status = 'acked_posting' AND "
+            "m.processing_status = 'PENDING' AND m.last_datum < %s AND NOT EXISTS ("
+            "  SELECT 1 FROM publications p WHERE p.slot = m.pub_slot AND p.seq = m.pub_seq "
+            "  AND p.acked_at IS NULL) "
+            "ORDER BY m.last_datum LIMIT %s FOR UPDATE OF m SKIP LOCKED", (cutoff, limit))]
         if not ids:
             return 0
         conn.execute("UPDATE leases SET next_seq = next_seq + 1 WHERE name = %s", (lease.name,))
-        conn.execute("INSERT INTO publications (slot, seq, kind) VALUES (%s, %s, 'replay')",
-                     (slot, seq))
+        conn.execute("INSERT INTO publications (slot, seq, kind, epoch) "
+                     "VALUES (%s, %s, 'replay', %s)", (slot, seq, lease.epoch))
         rows = conn.execute(
             "UPDATE messages SET replays = replays + 1, last_datum = now(), updated_at = now(), "
             "pub_slot = %s, pub_seq = %s WHERE sender = %s AND message_id = ANY(%s) "

@@ -14,7 +14,7 @@ import pyarrow as pa
 from click.testing import CliRunner
 
 from cues_platform.participants.cli import participant
-from cues_platform.participants.db import Database
+from cues_platform.participants.db import MIGRATIONS, Database
 from cues_platform.participants.model import RESULTS, RESULTS_SCHEMA
 from cues_platform.participants.producer import ProducerInstance
 from cues_platform.participants.supervise import EXIT_INSTANCE_FAILED, Supervisor, restart_delay
@@ -30,9 +30,8 @@ def test_cli_register_post_check(tmp_path: Path, make_db: Callable[[str], str]) 
                                   "--consumer", "bank-x"])
     assert ok.exit_code == 0, ok.output
     out = cli.invoke(participant, ["migrate", "--id", "bank-a", "--dsn", dsn])
-    from cues_platform.participants.db import MIGRATIONS
-
-    assert out.exit_code == 0 and f"applied migrations {[v for v, _, _ in MIGRATIONS]}" in out.output
+    applied = [v for v, _, _ in MIGRATIONS]  # every migration of db.MIGRATIONS, once
+    assert out.exit_code == 0 and f"applied migrations {applied}" in out.output, out.output
     args = ["post", "--id", "bank-a", "--lake", lake, "--dsn", dsn, "--to", "bank-x"]
     out = cli.invoke(participant, [*args, "--count", "3", "--prefix", "p"])
     assert out.exit_code == 0 and "recorded 3" in out.output, out.output
