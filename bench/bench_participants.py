@@ -5,7 +5,8 @@ Run: ``.venv/bin/python bench/bench_participants.py [--postings 10000] [--paced-
 [--rate 300]`` (writes ``bench/results/participants.json``; see ``docs/benchmarks-postings.md``).
 Re-measure after a change: ``.venv/bin/python bench/bench_participants.py --postings 10000
 --paced-postings 1500 --rate 300`` prints, last, one line with the paced p99 and burst postings/s
-next to those of the results file it replaces (``--baseline`` to compare with another file).
+next to those of the committed ``bench/results/participants.json`` (``--baseline FILE`` to
+compare with another file).
 A quick check that it runs: ``--postings 300 --paced-postings 150 --rate 100 --out /tmp/p.json``.
 If an instance process dies, the benchmark stops at once and shows the end of its log.
 
@@ -166,10 +167,10 @@ def main() -> int:
     ap.add_argument("--instances", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=1000)
     ap.add_argument("--out", default=str(HERE / "results" / "participants.json"))
-    ap.add_argument("--baseline", default=None,
-                    help="results file to compare with (default: --out before it is replaced)")
+    ap.add_argument("--baseline", default=str(HERE / "results" / "participants.json"),
+                    help="results file to compare with (read before --out is written)")
     args = ap.parse_args()
-    baseline_path = Path(args.baseline or args.out)
+    baseline_path = Path(args.baseline)
     baseline = json.loads(baseline_path.read_text()) if baseline_path.exists() else None
 
     base = Path(tempfile.mkdtemp(prefix="cues-bench-participants-"))
