@@ -90,6 +90,19 @@ def _received(dsn: str, sender: str | None = None) -> int:
                             (sender,)).fetchone()[0]
 
 
+def _check(net: Network, participant: str, role: str, failures: list[str]) -> dict | None:
+    """``cues participant check --complete --json`` of one role: its report and exit code."""
+    out = net.cli("check", "--id", participant, "--role", role, "--lake", net.lake, "--dsn",
+                  net.dsns[participant], "--complete", "--json")
+    try:
+        report = json.loads(out.stdout)
+    except ValueError:
+        failures.append(f"{participant}: check --json printed no JSON (exit {out.returncode}): "
+                        f"{out.stdout[-300:]} {out.stderr[-300:]}")
+        return None
+    return {**report["roles"][role], "exit": out.returncode}
+
+
 @pytest.mark.soak
 def test_chaos_scale_onboard_spoof(tmp_path: Path, make_db: Callable[[str], str]) -> None:
     soak = soak_enabled()
@@ -284,12 +297,8 @@ def test_chaos_scale_onboard_spoof(tmp_path: Path, make_db: Callable[[str], str]
 
     # each producer's `check --complete` (the CLI): clean but for its spoof issue (item 3)
     for p in expected:
-        out = net.cli("check", "--id", p, "--dsn", dsns[p], "--complete", "--json")
-        try:
-            report = json.loads(out.stdout)
-        except ValueError:
-            failures.append(f"{p}: check --json printed no JSON (exit {out.returncode}): "
-                            f"{out.stdout[-500:]} {out.stderr[-500:]}")
+        report = _check(net, p, "producer", failures)
+        if report is None:
             continue
         if report["problems"]:
             failures.append(f"{p}: check --complete: {len(report['problems'])} problem(s), e.g. "
@@ -300,8 +309,13 @@ def test_chaos_scale_onboard_spoof(tmp_path: Path, make_db: Callable[[str], str]
             failures.append(f"{p}: consistency issues {issues}, wanted exactly one (not a "
                             f"duplicate_result) for each spoofed posting {sorted(spoofed)} "
                             "(item 3 spoof)")
-        if (out.returncode == 0) != (not report["issues"] and not report["problems"]):
-            failures.append(f"{p}: check exited {out.returncode} with {len(issues)} issue(s)")
+        if report["exit"] != (1 if issues or report["problems"] else 0):
+            failures.append(f"{p}: check exited {report['exit']} with {len(issues)} issue(s)")
+    # the consumer's `check --complete`: every received posting has its published result (item 6)
+    report = _check(net, CONSUMER, "consumer", failures)
+    if report is not None and (report["exit"] != 0 or report["issues"] or report["problems"]):
+        failures.append(f"{CONSUMER}: consumer check --complete exited {report['exit']}: "
+                        f"{report['issues'][:3]} {report['problems'][:3]}")
 
     # the spoofed postings: detected, never changed by the spoof (item 3)
     for (p, mid) in spoofs:
