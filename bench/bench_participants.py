@@ -101,7 +101,8 @@ def summary(result: dict, baseline: dict | None) -> str:
     def fmt(r: dict) -> str:
         return (f"paced p99 {r['paced']['latency_ms']['p99'] / 1000:.2f} s, "
                 f"burst {r['burst']['postings_per_s']:.0f} postings/s "
-                f"(commit {r['machine'].get('git_commit')}, {r['at']})")
+                f"(commit {r['machine'].get('git_commit')}, {r['at']}, load "
+                f"{r.get('load_average_1m', {}).get('start', '?')})")
 
     line = f"participants: {fmt(result)}"
     if baseline is not None:
@@ -189,6 +190,7 @@ def main() -> int:
     procs = [spawn(p, "producer", i, lake.root, dsns[p], args.instances, env, logs)
              for p in PRODUCERS for i in range(args.instances)]
     procs += [spawn(c, "consumer", 0, lake.root, dsns[c], 1, env, logs) for c in CONSUMERS]
+    load_start = os.getloadavg()[0]
     try:
         warm = 30
         for p in PRODUCERS:
@@ -205,6 +207,9 @@ def main() -> int:
                        "consumers": 2, "active_consumer_instances": 1,
                        "batch_size": args.batch_size},
             "burst": burst, "paced": paced,
+            # other processes on the machine change the numbers: keep the 1-minute load with them
+            "load_average_1m": {"start": round(load_start, 1),
+                                "end": round(os.getloadavg()[0], 1)},
         }
         write_json(args.out, result)
         print(json.dumps(result, indent=2, default=str))
