@@ -30,7 +30,8 @@ In the end: every posting acked_result with the consumer's verdict and exactly o
 ``result_received``; exactly one consumer result per posting in RESULTS; no (posting, replay
 number) published twice; each producer's ``cues participant check --complete`` clean except for
 its spoof issue. All failures are collected and reported together, by issue item.
-CI: ~150 postings per producer, under ~3 minutes; ``CUES_SOAK=1``: 10x the postings, more rounds.
+CI: ~180 postings per producer and 30 from the late sender, about 1-3 minutes;
+``CUES_SOAK=1``: 10x the postings, 6 rounds of crashes and consumer takeovers.
 """
 
 from __future__ import annotations
