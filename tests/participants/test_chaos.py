@@ -105,6 +105,7 @@ def _check(net: Network, participant: str, role: str, failures: list[str]) -> di
 
 
 @pytest.mark.soak
+@pytest.mark.timeout(2400 if soak_enabled() else 900)  # over pyproject's 600 s: the waits' own bounds rule
 def test_chaos_scale_onboard_spoof(tmp_path: Path, make_db: Callable[[str], str]) -> None:
     soak = soak_enabled()
     scale = 10 if soak else 1
