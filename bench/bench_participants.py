@@ -3,6 +3,12 @@ instances and 2 consumers (one active instance each, Spark), on this machine.
 
 Run: ``.venv/bin/python bench/bench_participants.py [--postings 10000] [--paced-postings 3000]
 [--rate 300]`` (writes ``bench/results/participants.json``; see ``docs/benchmarks-postings.md``).
+Re-measure after a change: ``.venv/bin/python bench/bench_participants.py --postings 10000
+--paced-postings 1500 --rate 300`` prints, last, one line with the paced p99 and burst postings/s
+next to those of the committed ``bench/results/participants.json`` (``--baseline FILE`` to
+compare with another file).
+A quick check that it runs: ``--postings 300 --paced-postings 150 --rate 100 --out /tmp/p.json``.
+If an instance process dies, the benchmark stops at once and shows the end of its log.
 
 Set-up: a lake and an embedded PostgreSQL (one database per participant) in a temporary folder;
 every instance is a real process (``python -m cues_platform.participants.instance``). A warm-up
@@ -49,11 +55,14 @@ CONSUMERS = ["bank-x", "bank-y"]
 
 def spawn(pid: str, role: str, i: int, lake: str, dsn: str, slots: int, env: dict, logs: Path
           ) -> subprocess.Popen:
-    out = (logs / f"{pid}-{i}.log").open("ab")
-    return subprocess.Popen(
-        [sys.executable, "-m", "cues_platform.participants.instance", "--id", pid, "--role", role,
-         "--lake", lake, "--dsn", dsn, "--instance", f"{pid}-{i}", "--slots", str(slots)],
-        cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    log = logs / f"{pid}-{i}.log"
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cues_platform.participants.instance", "--id", pid, "--role",
+             role, "--lake", lake, "--dsn", dsn, "--instance", f"{pid}-{i}", "--slots",
+             str(slots)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    PROCS.append((proc, log))
+    return proc
 
 
 def resulted(dsns: dict[str, str]) -> int:
@@ -65,12 +74,40 @@ def resulted(dsns: dict[str, str]) -> int:
     return total
 
 
+PROCS: list[tuple[subprocess.Popen, Path]] = []  # every spawned instance and its log
+
+
+def check_alive() -> None:
+    """A dead instance means no result will ever come: stop now, with the end of its log."""
+    for proc, log in PROCS:
+        code = proc.poll()
+        if code is not None:
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+            raise RuntimeError(f"instance {log.stem} exited with {code}; the end of its log:\n"
+                               f"{tail}")
+
+
 def wait_for(pred, timeout: float, what: str) -> None:  # noqa: ANN001
     deadline = time.monotonic() + timeout
     while not pred():
+        check_alive()
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out waiting for {what}")
         time.sleep(0.1)
+
+
+def summary(result: dict, baseline: dict | None) -> str:
+    """One line: the paced p99 and the burst rate, next to the baseline's."""
+    def fmt(r: dict) -> str:
+        return (f"paced p99 {r['paced']['latency_ms']['p99'] / 1000:.2f} s, "
+                f"burst {r['burst']['postings_per_s']:.0f} postings/s "
+                f"(commit {r['machine'].get('git_commit')}, {r['at']}, load "
+                f"{r.get('load_average_1m', {}).get('start', '?')})")
+
+    line = f"participants: {fmt(result)}"
+    if baseline is not None:
+        line += f"; baseline: {fmt(baseline)}"
+    return line
 
 
 def run_phase(name: str, dbs: dict, dsns: dict, lake: Lake, count: int, rate: float | None,
@@ -131,7 +168,11 @@ def main() -> int:
     ap.add_argument("--instances", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=1000)
     ap.add_argument("--out", default=str(HERE / "results" / "participants.json"))
+    ap.add_argument("--baseline", default=str(HERE / "results" / "participants.json"),
+                    help="results file to compare with (read before --out is written)")
     args = ap.parse_args()
+    baseline_path = Path(args.baseline)
+    baseline = json.loads(baseline_path.read_text()) if baseline_path.exists() else None
 
     base = Path(tempfile.mkdtemp(prefix="cues-bench-participants-"))
     logs = base / "logs"
@@ -149,6 +190,7 @@ def main() -> int:
     procs = [spawn(p, "producer", i, lake.root, dsns[p], args.instances, env, logs)
              for p in PRODUCERS for i in range(args.instances)]
     procs += [spawn(c, "consumer", 0, lake.root, dsns[c], 1, env, logs) for c in CONSUMERS]
+    load_start = os.getloadavg()[0]
     try:
         warm = 30
         for p in PRODUCERS:
@@ -165,9 +207,13 @@ def main() -> int:
                        "consumers": 2, "active_consumer_instances": 1,
                        "batch_size": args.batch_size},
             "burst": burst, "paced": paced,
+            # other processes on the machine change the numbers: keep the 1-minute load with them
+            "load_average_1m": {"start": round(load_start, 1),
+                                "end": round(os.getloadavg()[0], 1)},
         }
         write_json(args.out, result)
         print(json.dumps(result, indent=2, default=str))
+        print(summary(result, baseline))
     finally:
         for pr in procs:
             pr.send_signal(signal.SIGTERM)
