@@ -294,8 +294,10 @@ def side_by_side(spark: Any, data: Data, rounds: int, names: list[str]) -> dict:
             "seconds": [round(s, 4) for s in secs], "median_s": round(median(secs), 4),
             "rows_per_s_median": round(data.rows / median(secs)),
             "steps": rs[-1].steps, "spark_jobs_per_run": [r.jobs for r in rs],
-            "spark_jobs_per_step_median": median(per_step) if per_step else None,
-            "spark_jobs_per_step_max": max(per_step) if per_step else None,
+            # cues: counted per step (its own job group); Spark: jobs of a run / its micro-batches.
+            "spark_jobs_per_step_median": median(per_step) if per_step else median(
+                [r.jobs / max(r.steps, 1) for r in rs]),
+            "spark_jobs_per_step_max": max(per_step) if per_step else max(r.jobs / max(r.steps, 1) for r in rs),
         }
     return out, runs
 
@@ -434,6 +436,7 @@ def main() -> None:
     parser.add_argument("--recovery-steps", type=int, default=10_000, help="0: skip the recovery target")
     parser.add_argument("--postings-json", type=Path, default=HERE / "results" / "participants.json")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "peers.json")
+    parser.add_argument("--note", default="", help="recorded in the JSON (e.g. how loaded the machine was)")
     args = parser.parse_args()
     if args.rows % CHUNKS or args.rows < CHUNKS:
         parser.error(f"--rows must be a positive multiple of {CHUNKS}")
@@ -465,7 +468,7 @@ def main() -> None:
             rs = ratio(runs, ours, theirs)
             ratios[f"{ours}/{theirs}"] = {"per_round": rs, "median": median(rs)}
     result = {
-        "benchmark": "peers", "at": started, "machine": machine_info(),
+        "benchmark": "peers", "at": started, "machine": machine_info(), "note": args.note,
         "config": {"rows": args.rows, "chunks": CHUNKS, "rounds": args.rounds, "master": spark.sparkContext.master,
                    "protocol_steps": args.protocol_steps, "recovery_steps": args.recovery_steps},
         "side_by_side": side, "throughput_ratios": ratios,
