@@ -1,11 +1,12 @@
 """Turning a function's result into prepared (staged) outputs, and committing them.
 
 Preparing materializes the result once (Spark -> Arrow on the driver), conforms it to each output
-queue's contract, splits it by partition and writes it as Parquet files under
-``{lake}/_cues/staging/{processor}/{step}``. Committing appends a staged output to its queue in
-one Delta commit that carries the step's delivery hash in its rows and the processor's app
-transaction ``proc:{processor} = step``; a commit of a step that the queue already has is a
-no-op, so a roll-forward can never deliver twice.
+queue's contract and splits it by partition. exactly_once then writes it as Parquet files under
+``{lake}/_cues/staging/{processor}/{step}`` (its attempt record refers to them);
+at_least_once/at_most_once append the conformed tables directly (:func:`commit_direct`).
+Committing a staged output appends it to its queue in one Delta commit that carries the step's
+delivery hash in its rows and the processor's app transaction ``proc:{processor} = step``; a
+commit of a step that the queue already has is a no-op, so a roll-forward can never deliver twice.
 """
 
 from __future__ import annotations
@@ -87,25 +88,36 @@ def partitioned(table: pa.Table, out: Out, queue: Queue) -> dict[str, pa.Table]:
     return parts
 
 
-def stage(lake: Lake, queues: Mapping[str, Queue], snapshot: Snapshot,
-          tables: Mapping[str, Mapping[str, pa.Table]]) -> tuple[Staged, dict[str, dict[str, int]]]:
-    """Step 3: write each (queue, partition) table as a staged Parquet file."""
-    base = join_uri(lake.system_uri("staging", snapshot.processor), f"{snapshot.step:012d}-{snapshot.delivery_hash[:8]}")
-    filesystem, root = fs.FileSystem.from_uri(base) if "://" in base else (fs.LocalFileSystem(), base)
-    filesystem.create_dir(root, recursive=True)
-    staged: Staged = {}
+def conformed(queues: Mapping[str, Queue], tables: Mapping[str, Mapping[str, pa.Table]]
+              ) -> tuple[dict[str, dict[str, pa.Table]], dict[str, dict[str, int]]]:
+    """Conform each non-empty (queue, partition) table to its queue's payload schema (step 3)."""
+    out: dict[str, dict[str, pa.Table]] = {}
     counts: dict[str, dict[str, int]] = {}
     for qname, parts in tables.items():
         for part, table in parts.items():
             if table.num_rows == 0:
                 continue
+            out.setdefault(qname, {})[part] = conform(table, queues[qname].payload_schema, queue=qname,
+                                                      max_rows=queues[qname].max_batch_rows)
+            counts.setdefault(qname, {})[part] = table.num_rows
+    return out, counts
+
+
+def stage(lake: Lake, queues: Mapping[str, Queue], snapshot: Snapshot,
+          tables: Mapping[str, Mapping[str, pa.Table]]) -> tuple[Staged, dict[str, dict[str, int]]]:
+    """Step 3 (exactly_once): write each (queue, partition) table as a staged Parquet file."""
+    ready, counts = conformed(queues, tables)
+    base = join_uri(lake.system_uri("staging", snapshot.processor), f"{snapshot.step:012d}-{snapshot.delivery_hash[:8]}")
+    filesystem, root = fs.FileSystem.from_uri(base) if "://" in base else (fs.LocalFileSystem(), base)
+    filesystem.create_dir(root, recursive=True)
+    staged: Staged = {}
+    for qname, parts in ready.items():
+        for part, table in parts.items():
             # A unique name per attempt: a fenced (older) instance still preparing the same step can
             # never overwrite the files that the newer instance's attempt record refers to.
             path = f"{root}/{qname}--{part}--{uuid.uuid4().hex[:12]}.parquet"
-            pq.write_table(conform(table, queues[qname].payload_schema, queue=qname,
-                                   max_rows=queues[qname].max_batch_rows), path, filesystem=filesystem)
+            pq.write_table(table, path, filesystem=filesystem)
             staged.setdefault(qname, {})[part] = path
-            counts.setdefault(qname, {})[part] = table.num_rows
     return staged, counts
 
 
@@ -177,13 +189,11 @@ def remove_staging(lake: Lake, snapshot: Snapshot) -> None:
         filesystem.delete_dir(root)
 
 
-def commit_unguarded(queue: Queue, snapshot: Snapshot, files: Mapping[str, str], *,
-                     message_type: str = "message") -> AppendResult:
-    """The at-least/at-most-once commit: no step check (a re-run appends again)."""
-    tables = {}
-    for part, path in files.items():
-        filesystem, p = fs.FileSystem.from_uri(path) if "://" in path else (fs.LocalFileSystem(), path)
-        tables[part] = pq.read_table(p, filesystem=filesystem)
+def commit_direct(queue: Queue, snapshot: Snapshot, tables: Mapping[str, pa.Table], *,
+                  message_type: str = "message") -> AppendResult:
+    """The at-least/at-most-once commit: the conformed ``{partition: table}`` appended in one
+    commit, straight from memory (no staged file, no re-read) and with no step check (a re-run
+    appends again)."""
     return append_batches(queue, tables, prepared=True, delivery_hash=snapshot.delivery_hash,
                           message_type=message_type,
                           commit_metadata={"cues.processor": snapshot.processor, "cues.step": str(snapshot.step)})

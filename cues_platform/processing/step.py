@@ -215,7 +215,7 @@ class StepBase:
             if table.num_rows:
                 for part, t in partitioned(table, out, self.queues[out.queue]).items():
                     tables.setdefault(out.queue, {})[part] = t
-        return stage(self.lake, self.queues, snapshot, tables)
+        return self.keep(snapshot, tables)
 
     def handled(self, snapshot: Snapshot, exc: Exception) -> tuple[dict, dict]:
         """A handled failure: stage one error row for the error queue, or stop the processor."""
@@ -225,7 +225,12 @@ class StepBase:
                 f"({type(exc).__name__}: {exc}) and has no error queue; fix the cause and restart: "
                 "the same input ranges will be retried", processor=self.processor.id,
                 step=snapshot.step, delivery_hash=snapshot.delivery_hash) from exc
-        return stage(self.lake, self.queues, snapshot, {self.error_queue_name: {"0": error_table(snapshot, exc)}})
+        return self.keep(snapshot, {self.error_queue_name: {"0": error_table(snapshot, exc)}})
+
+    def keep(self, snapshot: Snapshot, tables: Mapping[str, Mapping[str, pa.Table]]) -> tuple[dict, dict]:
+        """How step 3 keeps the prepared outputs until they are committed: exactly_once stages
+        them as files (its attempt record refers to them); a stepper may override it."""
+        return stage(self.lake, self.queues, snapshot, tables)
 
     def advance(self, snapshot: Snapshot) -> None:
         for binding, r in snapshot.inputs.items():

@@ -1,6 +1,6 @@
 """The faster strategies, and picking a stepper by strategy.
 
-at_least_once (Kafka's "process, then save the position"):
+at_least_once (Kafka's "process, then save the position"; ``PositionStepper.step``):
 
 1. Plan ranges from the tailer positions (one durable tailer per input, named after the processor),
    or, when a plan for this step number is already saved (an earlier run of this step crashed),
@@ -8,16 +8,22 @@ at_least_once (Kafka's "process, then save the position"):
    delivery hash, however much data arrived since (sinks keyed by step, such as
    ``write_delta_once``, then skip it without losing rows).
 2. Save the plan (step number and the planned end of every input) in ONE position-store commit.
-3. Read, run the function, and append the outputs (with the delivery hash, no backing records).
-4. Commit the tailer positions and the next step number (one commit).
+3. Read, run the function, materialize its result once and conform it to the output queues, in
+   memory (nothing is staged: :meth:`PositionStepper.keep`).
+4. Append each output queue's rows straight from memory in one commit per queue (with the delivery
+   hash; no backing record, no staged file, no re-read, no step check).
+5. Commit the tailer positions and the next step number (one commit).
 
-A crash between 3 and 4 re-runs the step on restart: its outputs appear twice, nothing is lost.
+A crash before 4 leaves no output (the re-run recomputes the saved plan); a crash between 4 and 5
+(or between two queues' commits of 4) re-runs the step on restart: its committed outputs appear
+twice, with the same delivery hash, and nothing is lost.
 
 at_most_once ("save the position, then process"):
 
-1. Plan ranges; 2. commit the tailer positions; 3. read, run, append.
+1. Plan ranges; 2. commit the tailer positions; 3. read, run, materialize (in memory);
+4. append each output queue's rows straight from memory.
 
-A crash between 2 and the end of 3 loses the step's inputs; nothing is ever duplicated.
+A crash between 2 and the end of 4 loses the step's inputs; nothing is ever duplicated.
 Errors with an error queue go there (once per attempt); without one the processor stops. A
 platform failure (not the function's own error) raises :class:`PlatformStepError` and writes no
 error row: at_least_once retries the step on the next start, at_most_once has lost it.
@@ -25,11 +31,14 @@ error row: at_least_once retries the step on the next start, at_most_once has lo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
+
+import pyarrow as pa
 
 from cues_platform.processing.backing import Range, Snapshot
 from cues_platform.processing.graph import Kind, Strategy
-from cues_platform.processing.outputs import commit_unguarded, remove_staging
+from cues_platform.processing.outputs import commit_direct, conformed
 from cues_platform.processing.step import ExactlyOnceStepper, StepBase, StepResult
 from cues_platform.queues.positions import PositionStore
 
@@ -84,6 +93,10 @@ class PositionStepper(StepBase):
             + [(PLAN_END_KEY, pid, binding, r.end) for binding, r in snapshot.inputs.items()]
         )
 
+    def keep(self, snapshot: Snapshot, tables: Mapping[str, Mapping[str, pa.Table]]) -> tuple[dict, dict]:
+        """Step 3 keeps the conformed outputs in memory: ``({queue: {partition: table}}, counts)``."""
+        return conformed(self.queues, tables)
+
     def step(self) -> StepResult | None:
         self.hook("before_snapshot")
         # Step 1
@@ -100,20 +113,20 @@ class PositionStepper(StepBase):
             self._commit_positions(snapshot)
         self.hook("after_snapshot")
         # Step 3
-        staged, counts, exc = self.run_and_prepare(snapshot)
+        outputs, counts, exc = self.run_and_prepare(snapshot)
         error = None if exc is None else f"{type(exc).__name__}: {exc}"
         self.hook("after_prepare")
-        for qname, parts in sorted(staged.items()):
-            commit_unguarded(self.queues[qname], snapshot, parts, message_type="error" if error else "message")
+        # Step 4
+        for qname, tables in sorted(outputs.items()):
+            commit_direct(self.queues[qname], snapshot, tables, message_type="error" if error else "message")
             self.hook("between_commits")
-        remove_staging(self.lake, snapshot)
         self.hook("after_commit")
         if self.strategy is Strategy.AT_LEAST_ONCE:
-            # Step 4 (at_least_once)
+            # Step 5 (at_least_once)
             self._commit_positions(snapshot)
         self.advance(snapshot)
         rows = {q: sum(p.values()) for q, p in counts.items()}
-        outcome = ("error" if error else "output") if staged else "nil"
+        outcome = ("error" if error else "output") if outputs else "nil"
         return StepResult(snapshot.step, snapshot.delivery_hash, outcome,
                           snapshot.inputs, snapshot.rows, rows, error)
 

@@ -1,0 +1,483 @@
+"""Peer benchmark (issue 11): cues processors side by side with plain Spark and Structured Streaming.
+
+Run: ``.venv/bin/python bench/bench_peers.py [--rows 1000000] [--rounds 3]`` -> bench/results/peers.json
+(a smoke run: ``--rows 100000 --rounds 2 --recovery-steps 1000 --out /tmp/peers-smoke.json``).
+
+The workload: ``--rows`` generated postings (id, sender, receiver, currency, amount, account),
+priced with an fx table of 6 currencies (a broadcast left join) and decided by status rules
+(no rate -> REJECTED bad_currency; account % 97 == 0 -> REJECTED unknown_account; settlement
+amount > 9,000 -> REJECTED insufficient_funds; else OK). Every contender runs the same
+:func:`price` on the same data, in ONE Spark session (``local[*]``):
+
+- ``spark_batch``: ``spark.read.parquet`` of the 10 input files -> price -> ``write.parquet``
+  (no delivery guarantee);
+- ``spark_streaming``: Structured Streaming file source (``maxFilesPerTrigger=1`` over the 10
+  files) -> price -> the exactly-once file sink, ``trigger(availableNow=True)``: 10 micro-batches;
+- ``cues_exactly_once`` / ``cues_at_least_once`` / ``cues_at_most_once``: one MAP processor,
+  ``batch_size = rows / 10`` (10 steps), input queue filled with the same 10 chunks;
+- ``cues_exactly_once_default``: the same MAP with default ``Options`` (the backlog target).
+
+Every contender is warmed up once (untimed), then ``--rounds`` rounds run every contender once,
+the order rotated by one each round (no contender is always first). Times are medians; ratios are
+taken per round (both sides of a ratio saw the same machine state) and their median is what the
+targets compare. Spark jobs are counted with job groups (``SparkContext.setJobGroup`` and the
+status tracker): per run, and for cues per step (a new group at each step's ``before_snapshot``).
+
+Separately in the same run: the protocol's own work per step (exactly_once, tiny steps, measured
+with the step hooks) next to one small delta-rs commit; recovery after 10 and after
+``--recovery-steps`` backing records, maintained as the stepper maintains them (the real one-hour
+retention, not forced to 0). The paced-postings latency (p99) is measured by
+``bench/bench_participants.py``; this script reads it from that benchmark's JSON (``--postings-json``)
+and records where it came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]
+
+from common import machine_info, median, now_iso, percentile, write_json  # noqa: E402
+
+from cues_platform.processing import (  # noqa: E402
+    Graph,
+    GraphRunner,
+    In,
+    Kind,
+    Options,
+    Out,
+    Processor,
+    QueueDef,
+    Strategy,
+)
+from cues_platform.processing.runner import create_queues  # noqa: E402
+from cues_platform.queues import Lake  # noqa: E402
+
+CHUNKS = 10  # input files / micro-batches / cues steps
+CURRENCIES = ["EUR", "USD", "GBP", "CHF", "SEK", "JPY", "XXX"]  # XXX has no rate
+RATES = {"EUR": 1.0, "USD": 0.92, "GBP": 1.17, "CHF": 1.06, "SEK": 0.087, "JPY": 0.0061}
+SENDERS = ["bank-a", "bank-b", "bank-c", "bank-d"]
+
+POSTINGS = pa.schema([
+    pa.field("id", pa.int64()), pa.field("sender", pa.string()), pa.field("receiver", pa.string()),
+    pa.field("currency", pa.string()), pa.field("amount", pa.float64()), pa.field("account", pa.int64()),
+])
+PRICED = pa.schema([
+    pa.field("id", pa.int64()), pa.field("sender", pa.string()), pa.field("receiver", pa.string()),
+    pa.field("currency", pa.string()), pa.field("amount", pa.float64()),
+    pa.field("rate", pa.float64()), pa.field("settlement_amount", pa.float64()),
+    pa.field("status", pa.string()), pa.field("reason", pa.string()),
+])
+FX = pa.schema([pa.field("currency", pa.string()), pa.field("rate", pa.float64())])
+
+
+def price(postings: Any, fx: Any) -> Any:
+    """The workload: fx broadcast join + status rules (the same for every contender)."""
+    from pyspark.sql import functions as F
+
+    joined = postings.join(F.broadcast(fx), on="currency", how="left")
+    settlement = F.round(F.col("amount") * F.col("rate"), 2)
+    reason = (F.when(F.col("rate").isNull(), F.lit("bad_currency"))
+              .when(F.col("account") % 97 == 0, F.lit("unknown_account"))
+              .when(settlement > 9_000, F.lit("insufficient_funds")))
+    return joined.select(
+        "id", "sender", "receiver", "currency", "amount", "rate",
+        settlement.alias("settlement_amount"),
+        F.when(reason.isNull(), F.lit("OK")).otherwise(F.lit("REJECTED")).alias("status"),
+        reason.alias("reason"))
+
+
+# -- data ------------------------------------------------------------------------------------------
+def chunk(start: int, n: int, rng: np.random.Generator) -> pa.Table:
+    senders = np.array(SENDERS)
+    return pa.table({
+        "id": np.arange(start, start + n, dtype=np.int64),
+        "sender": senders[rng.integers(0, len(SENDERS), n)],
+        "receiver": senders[rng.integers(0, len(SENDERS), n)],
+        "currency": np.array(CURRENCIES)[rng.integers(0, len(CURRENCIES), n)],
+        "amount": np.round(rng.uniform(1, 10_000, n), 2),
+        "account": rng.integers(0, 1_000_000, n, dtype=np.int64),
+    }, schema=POSTINGS)
+
+
+@dataclass
+class Data:
+    root: Path
+    rows: int
+    files: Path  # CHUNKS parquet files (Spark contenders)
+    fx: Path  # one parquet file
+    lake: Path  # template lake: queue "postings" holding the CHUNKS chunks (cues contenders)
+
+
+def generate(root: Path, rows: int) -> Data:
+    rng = np.random.default_rng(11)
+    data = Data(root, rows, root / "input", root / "fx.parquet", root / "lake-template")
+    data.files.mkdir(parents=True)
+    pq.write_table(pa.table({"currency": list(RATES), "rate": list(RATES.values())}, schema=FX), data.fx)
+    lake = Lake(root=str(data.lake))
+    create_queues(cues_graph(Strategy.EXACTLY_ONCE, rows // CHUNKS, fx=None), lake)
+    queue = lake.queue("postings")
+    size = rows // CHUNKS
+    for i in range(CHUNKS):
+        t = chunk(i * size, size, rng)
+        pq.write_table(t, data.files / f"part-{i:03d}.parquet")
+        queue.append(t, partition="0")
+    return data
+
+
+# -- job counting ----------------------------------------------------------------------------------
+class Jobs:
+    """Spark jobs per job group (``setJobGroup`` is thread-local: steps run on this thread)."""
+
+    def __init__(self, spark: Any) -> None:
+        self.sc = spark.sparkContext
+        self.seq = 0
+
+    def group(self, tag: str) -> str:
+        self.seq += 1
+        name = f"peers-{self.seq}-{tag}"
+        self.sc.setJobGroup(name, tag)
+        return name
+
+    def count(self, name: str) -> int:
+        return len(self.sc.statusTracker().getJobIdsForGroup(name))
+
+    def clear(self) -> None:
+        self.sc.setJobGroup("peers-idle", "outside a measured run")
+
+
+# -- contenders ------------------------------------------------------------------------------------
+def cues_graph(strategy: Strategy, batch: int | None, *, fx: Any) -> Graph:
+    def fn(ctx: Any, postings: Any) -> Any:
+        return price(postings, fx)
+
+    opts = Options(strategy=strategy) if batch is None else Options(batch_size=batch, strategy=strategy)
+    return Graph.build(name="peers", queues=[QueueDef("postings", POSTINGS), QueueDef("priced", PRICED)],
+                       processors=[Processor("price", Kind.MAP, fn, {"postings": In("postings")},
+                                             {"out": Out("priced")}, options=opts)])
+
+
+@dataclass
+class Run:
+    seconds: float
+    jobs: int
+    steps: int
+    jobs_per_step: list[int]
+
+
+def run_spark_batch(spark: Any, data: Data, fx: Any, jobs: Jobs, work: Path) -> Run:
+    out = work / "out"
+    group = jobs.group("spark_batch")
+    t = time.perf_counter()
+    frame = spark.read.schema(_spark_schema(POSTINGS)).parquet(str(data.files))
+    price(frame, fx).write.mode("overwrite").parquet(str(out))
+    seconds = time.perf_counter() - t
+    jobs.clear()
+    _check_rows(spark.read.parquet(str(out)).count(), data.rows, "spark_batch")
+    return Run(seconds, jobs.count(group), 1, [jobs.count(group)])
+
+
+def run_spark_streaming(spark: Any, data: Data, fx: Any, jobs: Jobs, work: Path) -> Run:
+    out, checkpoint = work / "out", work / "checkpoint"
+    group = jobs.group("spark_streaming")
+    t = time.perf_counter()
+    stream = (spark.readStream.schema(_spark_schema(POSTINGS)).option("maxFilesPerTrigger", 1)
+              .parquet(str(data.files)))
+    query = (price(stream, fx).writeStream.format("parquet").option("checkpointLocation", str(checkpoint))
+             .trigger(availableNow=True).start(str(out)))
+    query.awaitTermination()
+    seconds = time.perf_counter() - t
+    jobs.clear()
+    batches = sum(1 for p in query.recentProgress if p["numInputRows"])
+    _check_rows(spark.read.parquet(str(out)).count(), data.rows, "spark_streaming")
+    # The micro-batches run on the query's own thread, under the job group Spark sets there
+    # (StreamExecution: the query's runId), not ours.
+    total = jobs.count(str(query.runId)) + jobs.count(group)
+    return Run(seconds, total, batches, [])
+
+
+def run_cues(strategy: Strategy, *, default_options: bool = False) -> Callable[..., Run]:
+    def run(spark: Any, data: Data, fx: Any, jobs: Jobs, work: Path) -> Run:
+        root = work / "lake"
+        shutil.copytree(data.lake, root)
+        lake = Lake(root=str(root))
+        graph = cues_graph(strategy, None if default_options else data.rows // CHUNKS, fx=fx)
+        groups: list[str] = []
+        done: list[str] = []
+
+        def hook(point: str) -> None:
+            if point == "before_snapshot":
+                groups.append(jobs.group(f"cues-{strategy.value}-step"))
+            elif point == "after_commit":
+                done.append(groups[-1])
+
+        t = time.perf_counter()
+        runner = GraphRunner(graph=graph, lake=lake, spark=spark, hook=hook, keep_results=False)
+        runner.recover()
+        stats = runner.run_until_idle()
+        seconds = time.perf_counter() - t
+        jobs.clear()
+        _check_rows(lake.queue("priced").count(), data.rows, strategy.value)
+        per_step = [jobs.count(g) for g in done]
+        return Run(seconds, sum(jobs.count(g) for g in groups), stats["price"].steps, per_step)
+
+    return run
+
+
+def _spark_schema(schema: pa.Schema) -> Any:
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(schema)
+
+
+def _check_rows(got: int, want: int, who: str) -> None:
+    if got != want:
+        raise RuntimeError(f"{who}: wrote {got} rows, expected {want}: the benchmark is invalid")
+
+
+CONTENDERS: dict[str, Callable[..., Run]] = {
+    "spark_batch": run_spark_batch,
+    "spark_streaming": run_spark_streaming,
+    "cues_exactly_once": run_cues(Strategy.EXACTLY_ONCE),
+    "cues_at_least_once": run_cues(Strategy.AT_LEAST_ONCE),
+    "cues_at_most_once": run_cues(Strategy.AT_MOST_ONCE),
+    "cues_exactly_once_default": run_cues(Strategy.EXACTLY_ONCE, default_options=True),
+}
+
+
+def side_by_side(spark: Any, data: Data, rounds: int, names: list[str]) -> dict:
+    fx = spark.read.parquet(str(data.fx)).cache()
+    fx.count()
+    jobs = Jobs(spark)
+
+    def once(name: str) -> Run:
+        work = Path(tempfile.mkdtemp(prefix=f"peers-{name}-", dir=data.root))
+        try:
+            return CONTENDERS[name](spark, data, fx, jobs, work)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    warmup = {}
+    for name in names:  # Warm-up: every contender once, untimed for the results.
+        warmup[name] = round(once(name).seconds, 3)
+        print(f"warm-up {name}: {warmup[name]} s", flush=True)
+    runs: dict[str, list[Run]] = {n: [] for n in names}
+    orders = []
+    for r in range(rounds):
+        order = names[r % len(names):] + names[: r % len(names)]
+        orders.append(order)
+        for name in order:
+            run = once(name)
+            runs[name].append(run)
+            print(f"round {r} {name}: {run.seconds:.3f} s, {run.steps} steps, {run.jobs} Spark jobs", flush=True)
+    fx.unpersist()
+    out: dict[str, Any] = {"rows": data.rows, "rounds": rounds, "warmup_s": warmup, "orders": orders,
+                           "contenders": {}}
+    for name, rs in runs.items():
+        secs = [r.seconds for r in rs]
+        per_step = [j for r in rs for j in r.jobs_per_step]
+        out["contenders"][name] = {
+            "seconds": [round(s, 4) for s in secs], "median_s": round(median(secs), 4),
+            "rows_per_s_median": round(data.rows / median(secs)),
+            "steps": rs[-1].steps, "spark_jobs_per_run": [r.jobs for r in rs],
+            # cues: counted per step (its own job group); Spark: jobs of a run / its micro-batches.
+            "spark_jobs_per_step_median": median(per_step) if per_step else median(
+                [r.jobs / max(r.steps, 1) for r in rs]),
+            "spark_jobs_per_step_max": max(per_step) if per_step else max(r.jobs / max(r.steps, 1) for r in rs),
+        }
+    return out, runs
+
+
+def ratio(runs: dict[str, list[Run]], ours: str, theirs: str) -> list[float]:
+    """Per round: our throughput over theirs (= their time / our time)."""
+    return [round(t.seconds / o.seconds, 4) for o, t in zip(runs[ours], runs[theirs], strict=True)]
+
+
+# -- protocol work and one small commit ------------------------------------------------------------
+def small_commit_s(root: Path, n: int) -> float:
+    from deltalake import write_deltalake
+
+    uri = str(root / "small-commit")
+    table = pa.table({"a": [1], "b": ["x"]})
+    write_deltalake(uri, table)
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        write_deltalake(uri, table, mode="append")
+        times.append(time.perf_counter() - t)
+    return median(times)
+
+
+def protocol_work(spark: Any, root: Path, steps: int, batch: int = 100) -> dict:
+    """exactly_once at ``batch`` rows per step: per step, the time outside the read, the function
+    and its materialization: (before_snapshot -> after_snapshot) + (after_prepare -> after_commit):
+    the snapshot record, staging, the attempt record and the output commit."""
+    marks: list[tuple[str, float]] = []
+    lake = Lake(root=str(root / "protocol"))
+    g = cues_graph(Strategy.EXACTLY_ONCE, batch, fx=spark.createDataFrame(
+        [(c, r) for c, r in RATES.items()], "currency string, rate double"))
+    create_queues(g, lake)
+    rng = np.random.default_rng(5)
+    lake.queue("postings").append(chunk(0, batch * steps, rng), partition="0")
+    GraphRunner(graph=g, lake=lake, spark=spark, keep_results=False,
+                hook=lambda p: marks.append((p, time.perf_counter()))).run_until_idle()
+    work, whole, current = [], [], {}
+    for point, t in marks:
+        current[point] = t
+        if point == "after_commit":
+            c = current
+            work.append((c["after_snapshot"] - c["before_snapshot"]) + (c["after_commit"] - c["after_prepare"]))
+            whole.append(c["after_commit"] - c["before_snapshot"])
+    return {"steps": len(work), "rows_per_step": batch, "protocol_ms_p50": round(percentile(work, 50) * 1000, 2),
+            "protocol_ms_p99": round(percentile(work, 99) * 1000, 2),
+            "step_ms_p50": round(percentile(whole, 50) * 1000, 2)}
+
+
+# -- recovery at the real retention ----------------------------------------------------------------
+def recovery(spark: Any, root: Path, histories: list[int], runs: int = 7) -> dict:
+    """Recovery after ``n`` backing records, the backing queue maintained as the stepper does
+    (``BackingQueue.maintain``: the real one-hour log and tombstone retention, not forced to 0)."""
+    from bench_processors import build_history, graph, time_recovery
+
+    from cues_platform.processing.backing import BackingQueue
+
+    out: dict[str, Any] = {}
+    for n in histories:
+        lake_root = root / f"recovery-{n}"
+        lake = Lake(root=str(lake_root))
+        g = graph(Strategy.EXACTLY_ONCE, 10)
+        create_queues(g, lake)
+        build_history(lake, g, n)
+        BackingQueue(Lake(root=str(lake_root)), "convert").maintain()
+        out[str(n)] = {"records": n, "recover_s_median": round(time_recovery(spark, str(lake_root), g, n, runs), 5)}
+        print("recovery", out[str(n)], flush=True)
+        shutil.rmtree(lake_root, ignore_errors=True)
+    out["ratio_large_over_small"] = round(out[str(histories[-1])]["recover_s_median"]
+                                          / out[str(histories[0])]["recover_s_median"], 3)
+    return out
+
+
+def paced_postings_p99(path: Path) -> dict:
+    if not path.exists():
+        return {"value": None, "source": f"{path} (missing: run bench/bench_participants.py)"}
+    d = json.loads(path.read_text())
+    p99 = d.get("paced", {}).get("latency_ms", {}).get("p99")
+    return {"value": None if p99 is None else p99 / 1000, "source": f"{path.name} measured at {d.get('at')} "
+            f"(git {d.get('machine', {}).get('git_commit')}), not in this run"}
+
+
+# -- targets ---------------------------------------------------------------------------------------
+def targets(side: dict, runs: dict[str, list[Run]], proto: dict, commit_s: float, rec: dict | None,
+            paced: dict) -> list[dict]:
+    def row(name: str, measured: float | None, op: str, bound: float, detail: str) -> dict:
+        ok = measured is not None and (measured >= bound if op == ">=" else measured <= bound)
+        return {"target": name, "measured": None if measured is None else round(measured, 4), "op": op,
+                "bound": bound, "result": "PASS" if ok else "FAIL", "detail": detail}
+
+    rows: list[dict] = []
+    names = side["contenders"]
+    if "cues_exactly_once" in names and "spark_streaming" in names:
+        rs = ratio(runs, "cues_exactly_once", "spark_streaming")
+        rows.append(row("EO (10 steps) throughput / Structured Streaming (10 micro-batches)", median(rs), ">=",
+                        1.5, f"per round {rs}"))
+    if "cues_exactly_once_default" in names and "spark_batch" in names:
+        rs = ratio(runs, "cues_exactly_once_default", "spark_batch")
+        steps = names["cues_exactly_once_default"]["steps"]
+        rows.append(row("EO backlog, default options, throughput / plain Spark batch", median(rs), ">=", 0.8,
+                        f"per round {rs}; {steps} steps"))
+    if "cues_exactly_once" in names and "cues_at_least_once" in names:
+        rs = ratio(runs, "cues_exactly_once", "cues_at_least_once")
+        rows.append(row("EO / ALO throughput (10 steps)", median(rs), ">=", 0.97, f"per round {rs}"))
+    rows.append(row("protocol work per step p50 / one small delta-rs commit",
+                    proto["protocol_ms_p50"] / 1000 / commit_s, "<=", 1.2,
+                    f"{proto['protocol_ms_p50']} ms vs {commit_s * 1000:.2f} ms"))
+    if rec is not None:
+        keys = [k for k in rec if k.isdigit()]
+        rows.append(row(f"recovery after {keys[-1]} steps / after {keys[0]} (real retention)",
+                        rec["ratio_large_over_small"], "<=", 1.2,
+                        f"{rec[keys[-1]]['recover_s_median'] * 1000:.1f} ms vs {rec[keys[0]]['recover_s_median'] * 1000:.1f} ms"))
+    rows.append(row("postings paced at 300/s: p99 latency (s)", paced["value"], "<=", 1.0, paced["source"]))
+    return rows
+
+
+def print_tables(side: dict, rows: list[dict]) -> None:
+    print(f"\n{side['rows']:,} postings, {side['rounds']} rounds (orders rotated)")
+    print(f"{'contender':28} {'median s':>9} {'rows/s':>10} {'steps':>5} {'jobs/run':>9} {'jobs/step':>9}")
+    for name, c in side["contenders"].items():
+        jps = "" if c["spark_jobs_per_step_median"] is None else f"{c['spark_jobs_per_step_median']:g}"
+        print(f"{name:28} {c['median_s']:9.3f} {c['rows_per_s_median']:10,} {c['steps']:5} "
+              f"{median(c['spark_jobs_per_run']):9g} {jps:>9}")
+    print(f"\n{'target':66} {'measured':>9} {'bound':>8} result")
+    for r in rows:
+        m = "n/a" if r["measured"] is None else f"{r['measured']:.3f}"
+        print(f"{r['target']:66} {m:>9} {r['op']}{r['bound']:>6} {r['result']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=1_000_000, help="postings (10 chunks); default 1M")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated subset")
+    parser.add_argument("--protocol-steps", type=int, default=30)
+    parser.add_argument("--recovery-steps", type=int, default=10_000, help="0: skip the recovery target")
+    parser.add_argument("--postings-json", type=Path, default=HERE / "results" / "participants.json")
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "peers.json")
+    parser.add_argument("--note", default="", help="recorded in the JSON (e.g. how loaded the machine was)")
+    args = parser.parse_args()
+    if args.rows % CHUNKS or args.rows < CHUNKS:
+        parser.error(f"--rows must be a positive multiple of {CHUNKS}")
+    names = [n.strip() for n in args.contenders.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(CONTENDERS))
+    if unknown:
+        parser.error(f"unknown contenders {unknown}; choose from {sorted(CONTENDERS)}")
+
+    from cues_platform.spark import get_spark
+
+    spark = get_spark()
+    root = Path(tempfile.mkdtemp(prefix="cues-peers-"))
+    started = now_iso()
+    try:
+        data = generate(root, args.rows)
+        side, runs = side_by_side(spark, data, args.rounds, names)
+        proto = protocol_work(spark, root, args.protocol_steps)
+        commit_s = small_commit_s(root, 30)
+        rec = recovery(spark, root, [10, args.recovery_steps]) if args.recovery_steps else None
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    paced = paced_postings_p99(args.postings_json)
+    rows = targets(side, runs, proto, commit_s, rec, paced)
+    ratios = {}
+    for ours, theirs in [("cues_exactly_once", "spark_streaming"), ("cues_exactly_once", "spark_batch"),
+                         ("cues_exactly_once_default", "spark_batch"), ("cues_exactly_once", "cues_at_least_once"),
+                         ("cues_exactly_once", "cues_at_most_once")]:
+        if ours in runs and theirs in runs:
+            rs = ratio(runs, ours, theirs)
+            ratios[f"{ours}/{theirs}"] = {"per_round": rs, "median": median(rs)}
+    result = {
+        "benchmark": "peers", "at": started, "machine": machine_info(), "note": args.note,
+        "config": {"rows": args.rows, "chunks": CHUNKS, "rounds": args.rounds, "master": spark.sparkContext.master,
+                   "protocol_steps": args.protocol_steps, "recovery_steps": args.recovery_steps},
+        "side_by_side": side, "throughput_ratios": ratios,
+        "protocol": {**proto, "small_delta_commit_ms": round(commit_s * 1000, 3)},
+        "recovery": rec, "paced_postings": paced, "targets": rows,
+    }
+    print_tables(side, rows)
+    print("wrote", write_json(args.out, result))
+
+
+if __name__ == "__main__":
+    main()
