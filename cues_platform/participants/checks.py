@@ -113,11 +113,21 @@ def check_consumer(conn: psycopg.Connection, participant: str, *, lake: Lake | N
     for sender, mids in sorted(routed.items()):
         published: dict[str, int] = {}
         if registered is not None and sender in registered:
-            table = lake.queue(RESULTS).read_arrow(partition=sender, columns=["receiver",
-                                                                              "message_id"])
-            for rc, mid in zip(table["receiver"].to_pylist(), table["message_id"].to_pylist(),
-                               strict=True):
-                if rc == participant:
+            from cues_platform.participants.results import Publishers
+
+            queue = lake.queue(RESULTS)
+            table = queue.read_arrow(partition=sender, columns=["_offset", "receiver",
+                                                                "message_id"])
+            offsets = table["_offset"].to_pylist()
+            # A result is this participant's when its commit was written by this participant's
+            # processor (a forged receiver column from another writer is not); a row whose
+            # commit entry is gone is judged by its receiver column, as the sender does.
+            commits = Publishers(queue, sender).of(offsets)
+            for off, rc, mid in zip(offsets, table["receiver"].to_pylist(),
+                                    table["message_id"].to_pylist(), strict=True):
+                commit = commits.get(off)
+                mine = rc == participant and (commit is None or commit.publisher == participant)
+                if mine:
                     published[mid] = published.get(mid, 0) + 1
         missing = sorted(mids - set(published))
         doubled = sorted(m for m, c in published.items() if c > 1)

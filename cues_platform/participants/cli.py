@@ -193,7 +193,9 @@ def post(participant: str, lake_root: str, dsn: str | None, data_dir: str, recei
 @id_option
 @click.option("--role", type=click.Choice([r.value for r in Role]), required=True)
 @click.option("--instances", default=1, show_default=True, help="Independent instances (processes).")
-@click.option("--slots", default=None, type=int, help="Publishing slots (default: --instances).")
+@click.option("--slots", default=None, type=int,
+              help="Publishing slots to create (default: --instances); existing slots are never "
+                   "removed: any live instance drains them.")
 @lake_option
 @dsn_option
 @data_dir_option
