@@ -84,6 +84,16 @@ def parse_participants(text: str) -> list[ParticipantConfig]:
         out.append(ParticipantConfig(validate_participant(parts[0].strip()), role, slots=slots))
     if len({p.id for p in out}) != len(out):
         raise ParticipantConfigError(f"{PARTICIPANTS_ENV}: a participant is listed twice: {text!r}")
+    # asset keys and $CUES_PARTICIPANT_DSN_<ID> write '-' as '_': ids equal but for that collide
+    by_key: dict[str, str] = {}
+    for p in out:
+        key = p.id.replace("-", "_")
+        if key in by_key:
+            raise ParticipantConfigError(
+                f"{PARTICIPANTS_ENV}: {by_key[key]!r} and {p.id!r} would share the asset key "
+                f"{asset_key(p.id).to_user_string()!r} and the variable "
+                f"CUES_PARTICIPANT_DSN_{key.upper()}; deploy at most one of them", entry=p.id)
+        by_key[key] = p.id
     return out
 
 

@@ -96,6 +96,9 @@ def test_participants_from_env_without_database(monkeypatch, tmp_path: Path) -> 
     for bad in ("bank-b", "bank-b:driver", "bank-b:producer:0", "a:producer,a:consumer"):
         with pytest.raises(ParticipantConfigError):
             parse_participants(bad)
+    # distinct ids whose asset keys and DSN variables would be the same are refused by name
+    with pytest.raises(ParticipantConfigError, match="'bank-a' and 'bank_a' would share"):
+        parse_participants("bank-a:producer,bank_a:consumer")
 
 
 def test_settlement_report_is_daily_partitioned() -> None:
