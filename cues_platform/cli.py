@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
-import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import NoReturn
 
 import click
 from rich.console import Console
@@ -22,6 +20,7 @@ from cues_platform.audit.storage import (
     unwritable_error,
 )
 from cues_platform.errors import CuesError
+from cues_platform.oneline import EXIT_BAD_INPUT, EXIT_BUG, bug_hint, fail
 from cues_platform.participants.cli import participant
 from cues_platform.queues import Lake, Queue
 
@@ -36,10 +35,6 @@ lake_option = click.option(
     help="Lake root: a folder or a delta-rs URI.",
 )
 
-
-DEBUG_ENV = "CUES_DEBUG"
-EXIT_BAD_INPUT = 2  # a CuesError, or a storage fault: the input or the lake must change
-EXIT_BUG = 3  # an unexpected exception: a bug to report
 
 
 class CuesGroup(click.Group):
@@ -58,17 +53,7 @@ class CuesGroup(click.Group):
             fail(f"storage error: {first_line(exc)}; check --lake, the lake's files and their "
                  "permissions (`cues audit` lists every damaged table)", exc, EXIT_BAD_INPUT)
         except Exception as exc:  # noqa: BLE001 - the last resort of a command line: one line
-            fail(f"unexpected {type(exc).__name__}: {first_line(exc)} (a bug in cues_platform: "
-                 f"rerun with {DEBUG_ENV}=1 for the traceback and report it)", exc, EXIT_BUG)
-
-
-def fail(message: str, exc: BaseException, code: int) -> NoReturn:
-    if os.environ.get(DEBUG_ENV, "").strip() not in ("", "0"):
-        traceback.print_exception(exc, file=sys.stderr)
-    # Plain click.echo (not rich): one unwrapped line, and brackets such as "[70, 80)" in
-    # messages are not taken for markup.
-    click.echo(f"error: {' '.join(message.split())}", err=True)
-    sys.exit(code)
+            fail(f"unexpected {type(exc).__name__}: {first_line(exc)} {bug_hint()}", exc, EXIT_BUG)
 
 
 @contextmanager

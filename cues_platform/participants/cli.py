@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import sys
-import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -24,15 +23,10 @@ import click
 import psycopg
 
 from cues_platform.errors import CuesError
+from cues_platform.oneline import EXIT_BAD_INPUT, EXIT_BUG, bug_hint, fail
 from cues_platform.participants.config import CONFIG_ENV, field_types, to_env
 from cues_platform.participants.model import Role, Settings
-from cues_platform.participants.supervise import (
-    DEBUG_ENV,
-    EXIT_BAD_INPUT,
-    EXIT_BUG,
-    Supervisor,
-    first_line,
-)
+from cues_platform.participants.supervise import Supervisor, first_line
 
 DEFAULT_LAKE = os.environ.get("CUES_LAKE", "lake")
 
@@ -47,17 +41,9 @@ class _Group(click.Group):
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except CuesError as exc:
-            _fail(" ".join(str(exc).split()), exc, EXIT_BAD_INPUT)
+            fail(str(exc), exc, EXIT_BAD_INPUT)
         except Exception as exc:  # noqa: BLE001 - the last resort of a command line: one line
-            _fail(f"unexpected {first_line(exc)} (a bug in cues_platform: rerun with "
-                  f"{DEBUG_ENV}=1 for the traceback and report it)", exc, EXIT_BUG)
-
-
-def _fail(message: str, exc: BaseException, code: int) -> None:
-    if os.environ.get(DEBUG_ENV, "").strip() not in ("", "0"):
-        traceback.print_exception(exc, file=sys.stderr)
-    click.echo(f"error: {message}", err=True)
-    sys.exit(code)
+            fail(f"unexpected {first_line(exc)} {bug_hint()}", exc, EXIT_BUG)
 
 
 lake_option = click.option("--lake", "lake_root", default=DEFAULT_LAKE, show_default=True,

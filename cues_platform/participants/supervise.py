@@ -24,7 +24,6 @@ bad input or state) or 3 (anything else: a bug), as ``cues`` itself does (``cues
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -37,12 +36,10 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from cues_platform.errors import CuesError
+from cues_platform.oneline import EXIT_BAD_INPUT, EXIT_BUG, bug_hint, debugging
 
 EXIT_OK = 0
-EXIT_BAD_INPUT = 2  # a CuesError (as `cues`): the input, the settings or the state must change
-EXIT_BUG = 3  # an unexpected exception in an instance (as `cues`): a bug to report
 EXIT_INSTANCE_FAILED = 4  # `run`: an instance failed and was not (or not yet) restarted
-DEBUG_ENV = "CUES_DEBUG"
 TAIL_LINES = 20
 POLL = 0.2  # seconds between polls of the instance processes
 
@@ -66,12 +63,11 @@ def one_line_errors(main: Callable[[], int], *, what: str = "instance") -> int:
         return _report(exc, line + (" (retryable: restarting may help)" if exc.retryable else ""),
                        EXIT_BAD_INPUT)
     except Exception as exc:  # noqa: BLE001 - the last resort of a process: one line, exit 3
-        return _report(exc, f"error: {what}: unexpected {first_line(exc)} (a bug in cues_platform: "
-                            f"rerun with {DEBUG_ENV}=1 for the traceback and report it)", EXIT_BUG)
+        return _report(exc, f"error: {what}: unexpected {first_line(exc)} {bug_hint()}", EXIT_BUG)
 
 
 def _report(exc: BaseException, line: str, code: int) -> int:
-    if os.environ.get(DEBUG_ENV, "").strip() not in ("", "0"):
+    if debugging():
         traceback.print_exception(exc, file=sys.stderr)
     print(line, file=sys.stderr, flush=True)
     return code
