@@ -70,6 +70,14 @@ LOCAL_DEFAULTS = {
     "spark.ui.showConsoleProgress": "false",
 }
 
+# Only where the driver reads the same files as the executors (local masters): a step reads the
+# data files the Delta log names, one path each; past 32 paths Spark lists them with a Spark job
+# of its own (parallel partition discovery), a job per step the protocol does not need. On a
+# cluster over object storage the parallel listing may pay off, so it is left as Spark has it.
+LOCAL_FILES_DEFAULTS = {
+    "spark.sql.sources.parallelPartitionDiscovery.threshold": "100000",
+}
+
 
 def use_this_python(settings: SparkSettings) -> None:
     """Make Spark's Python workers (and the driver) run this interpreter, which has pyarrow and the
@@ -96,6 +104,9 @@ def get_spark(settings: SparkSettings | None = None) -> Any:
         builder = SparkSession.builder.master(s.master)
         for key, value in LOCAL_DEFAULTS.items():
             builder = builder.config(key, value)
+        if s.master.startswith("local"):
+            for key, value in LOCAL_FILES_DEFAULTS.items():
+                builder = builder.config(key, value)
     builder = builder.appName(s.app_name)
     for key, value in s.conf.items():
         builder = builder.config(key, value)
