@@ -71,6 +71,10 @@ def run_idem(*, lake: Lake, run_dir: Path, plan: w.Plan, index: int, lost_ack_ra
         time.sleep(pace)
 
 
+class LostAckError(Exception):
+    """Injected by the txn feeder: a send committed and its caller never heard back."""
+
+
 def committed_txns(lake: Lake) -> set[int]:
     """Transactions whose progress row is visible read_committed (the feeder's own bookkeeping)."""
     table = lake.queue(w.TXN_PROGRESS).read_arrow(partition=w.PARTITION)
@@ -79,7 +83,14 @@ def committed_txns(lake: Lake) -> set[int]:
 
 def run_txn(*, lake: Lake, run_dir: Path, plan: w.Plan, pace: float, resend_in_txn: bool) -> None:
     log = run_dir / w.ack_log_name("txn")
-    txp = TransactionalProducer(lake, transactional_id="jepsen-txn")
+    armed = {"lose_ack": False}
+
+    def hook(step: str) -> None:
+        if step == "sent" and armed["lose_ack"]:
+            armed["lose_ack"] = False
+            raise LostAckError("the send committed; its acknowledgement is lost")
+
+    txp = TransactionalProducer(lake, transactional_id="jepsen-txn", hook=hook)
     txp.init_transactions()  # fences a killed instance and aborts what it left open
     committed = committed_txns(lake)
     logged = set(w.read_acked(log))
@@ -89,9 +100,22 @@ def run_txn(*, lake: Lake, run_dir: Path, plan: w.Plan, pace: float, resend_in_t
     for t in range(max(committed, default=-1) + 1, len(plan.txn_batches)):
         data = w.batch_table(list(plan.txn_batches[t]))
         txp.begin()
-        txp.send(src, data, partition=w.PARTITION)
         if resend_in_txn and random.Random(f"{plan.seed}/txnresend/{t}").random() < 0.3:
-            txp.send(src, data, partition=w.PARTITION)  # the ack of the first send was lost
+            # A lost acknowledgement inside a transaction: the send's commit lands, then the call
+            # fails; the caller resends the same batch, which must be recognised (written once).
+            armed["lose_ack"] = True
+            try:
+                first = txp.send(src, data, partition=w.PARTITION)
+            except LostAckError:
+                again = txp.send(src, data, partition=w.PARTITION)
+                if not again.duplicate:
+                    _append_line(run_dir / ANOMALIES_LOG, json.dumps({
+                        "feeder": "txn", "txn": t, "resend": {p: list(r) for p, r in again.ranges.items()},
+                        "duplicate": again.duplicate}))
+            else:
+                raise RuntimeError(f"txn {t}: the injected lost acknowledgement did not fire ({first})")
+        else:
+            txp.send(src, data, partition=w.PARTITION)
         txp.send(progress, {"feeder": ["txn"], "txn": [t]}, partition=w.PARTITION)
         if plan.aborted(t):
             txp.abort()

@@ -68,3 +68,16 @@ def test_jepsen_harness_every_check_passes(tmp_path):
         assert report["acked"] == report["keys"], "every planned key is acknowledged in the end"
         assert report["report"]["counts"]["error_rows"] >= 1, "the rule rejected no batch"
         assert report["maintenance_runs"] >= 1 and report["tailer_rows"] > 0, report
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(900)
+def test_a_lost_ack_inside_a_transaction_is_written_once(tmp_path):
+    # Seed 3 committed the resent batch twice while the feeder resent by calling send() again
+    # without the failure that a lost acknowledgement is; now the first send's commit lands and
+    # the call raises, and the resend of that same batch must be recognised (a duplicate no-op).
+    argv = ["python", "-m", "cues_platform.jepsen", "--seed", "3", "--duration", "30", "--keys",
+            "600", "--resend-in-txn"]
+    report = run_harness(argv, tmp_path, timeout=800)
+    assert report["ok"] and not report["anomalies"] and not report["unexpected_exits"], report
+    assert report["report"]["counts"]["transactions_decided"] > 0, report["report"]
