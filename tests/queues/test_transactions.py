@@ -121,3 +121,29 @@ def test_newer_instance_fences_the_older(lake, two_queues) -> None:
     new.send(debits, rows(5, 1), partition="0")
     new.commit()
     assert _visible(lake, "debits", "read_committed") == [5]
+
+
+def test_coordinator_commits_keep_a_bounded_log_and_old_decisions(make_queue, lake) -> None:
+    """The coordinator's table is a SystemTable: its handle is reopened from checkpoints and its
+    log trimmed as transactions go on, and a decision made long ago is still read."""
+    from pathlib import Path
+
+    from cues_platform.queues.positions import CHECKPOINT_INTERVAL, REOPEN_EVERY
+    from cues_platform.queues.transactions import Coordinator, TxnStatus
+
+    q = make_queue("debits")
+    p = TransactionalProducer(lake, transactional_id="many")
+    p.init_transactions()
+    log = Path(lake.system_uri("transactions")) / "_delta_log"
+    txns, opened = [], set()
+    for i in range(3 * CHECKPOINT_INTERVAL // 2 + 10):  # two coordinator commits per transaction
+        txns.append(p.begin())
+        p.send(q, rows(i, 1), partition="0")
+        p.commit()
+        system = p.coordinator.system
+        assert system.snapshot().version() - system.opened_at < REOPEN_EVERY
+        opened.add(system.opened_at)
+        assert len(list(log.glob("*.json"))) <= 2 * CHECKPOINT_INTERVAL + REOPEN_EVERY + 1
+    assert len(opened) >= 3  # reopened as it went
+    assert Coordinator(lake).status(txns[0]) is TxnStatus.COMMITTED  # kept through the trimming
+    assert q.tailer("t", partition="0").read_arrow(1000)["id"].to_pylist() == list(range(len(txns)))
