@@ -28,6 +28,12 @@ def bug_hint() -> str:
     return f"(a bug in cues_platform: rerun with {DEBUG_ENV}=1 for the traceback and report it)"
 
 
+def exception_line(exc: BaseException) -> str:
+    """``Type: message`` on one line (the message's whitespace folded)."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def fail(message: str, exc: BaseException, code: int) -> NoReturn:
     """Print ``error: <message>`` as one unwrapped line (the traceback first when debugging) and
     exit with ``code``. Plain ``click.echo``, not rich: brackets such as "[70, 80)" in messages

@@ -23,10 +23,10 @@ import click
 import psycopg
 
 from cues_platform.errors import CuesError
-from cues_platform.oneline import EXIT_BAD_INPUT, EXIT_BUG, bug_hint, fail
+from cues_platform.oneline import EXIT_BAD_INPUT, EXIT_BUG, bug_hint, exception_line, fail
 from cues_platform.participants.config import CONFIG_ENV, field_types, to_env
 from cues_platform.participants.model import Role, Settings
-from cues_platform.participants.supervise import Supervisor, first_line
+from cues_platform.participants.supervise import Supervisor
 
 DEFAULT_LAKE = os.environ.get("CUES_LAKE", "lake")
 
@@ -43,7 +43,7 @@ class _Group(click.Group):
         except CuesError as exc:
             fail(str(exc), exc, EXIT_BAD_INPUT)
         except Exception as exc:  # noqa: BLE001 - the last resort of a command line: one line
-            fail(f"unexpected {first_line(exc)} {bug_hint()}", exc, EXIT_BUG)
+            fail(f"unexpected {exception_line(exc)} {bug_hint()}", exc, EXIT_BUG)
 
 
 lake_option = click.option("--lake", "lake_root", default=DEFAULT_LAKE, show_default=True,

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from cues_platform.errors import CuesError
-from cues_platform.oneline import EXIT_BAD_INPUT, EXIT_BUG, bug_hint, debugging
+from cues_platform.oneline import EXIT_BAD_INPUT, EXIT_BUG, bug_hint, debugging, exception_line
 
 EXIT_OK = 0
 EXIT_INSTANCE_FAILED = 4  # `run`: an instance failed and was not (or not yet) restarted
@@ -49,21 +49,16 @@ def restart_delay(failures: int, *, initial: float, cap: float) -> float:
     return min(cap, initial * 2 ** max(0, failures - 1))
 
 
-def first_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
 def one_line_errors(main: Callable[[], int], *, what: str = "instance") -> int:
     """Run ``main()``; an exception is one line on stderr (traceback with ``CUES_DEBUG=1``)."""
     try:
         return main()
     except CuesError as exc:
-        line = f"error: {what}: {first_line(exc)}"
+        line = f"error: {what}: {exception_line(exc)}"
         return _report(exc, line + (" (retryable: restarting may help)" if exc.retryable else ""),
                        EXIT_BAD_INPUT)
     except Exception as exc:  # noqa: BLE001 - the last resort of a process: one line, exit 3
-        return _report(exc, f"error: {what}: unexpected {first_line(exc)} {bug_hint()}", EXIT_BUG)
+        return _report(exc, f"error: {what}: unexpected {exception_line(exc)} {bug_hint()}", EXIT_BUG)
 
 
 def _report(exc: BaseException, line: str, code: int) -> int:
