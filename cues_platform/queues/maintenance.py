@@ -20,10 +20,11 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from deltalake import WriterProperties
+from deltalake import CommitProperties, WriterProperties
+from deltalake.exceptions import CommitFailedError
 
 from cues_platform.errors import ConfigurationError
-from cues_platform.queues.errors import UnsafeRetentionError
+from cues_platform.queues.errors import ConcurrentAppendError, UnsafeRetentionError
 from cues_platform.queues.schema import PARTITION
 
 if TYPE_CHECKING:
@@ -49,6 +50,9 @@ class MaintenanceReport:
     checkpoint_version: int | None = None
 
 
+COMPACT_COMMIT_RETRIES = 100
+
+
 def compact(
     queue: Queue,
     *,
@@ -64,11 +68,19 @@ def compact(
     parts = [queue.check_partition(partition)] if partition else list(queue.partitions)
     for part in parts:
         dt = queue.refresh()
-        metrics = dt.optimize.compact(
-            partition_filters=[(PARTITION, "=", part)],
-            target_size=target_file_bytes,
-            writer_properties=WriterProperties(max_row_group_size=row_group_rows),
-        )
+        try:
+            metrics = dt.optimize.compact(
+                partition_filters=[(PARTITION, "=", part)],
+                target_size=target_file_bytes,
+                writer_properties=WriterProperties(max_row_group_size=row_group_rows),
+                # appenders commit all the time; delta-rs' default of 15 rebases lost the race
+                commit_properties=CommitProperties(max_commit_retries=COMPACT_COMMIT_RETRIES),
+            )
+        except CommitFailedError as exc:
+            raise ConcurrentAppendError(
+                f"queue {queue.name!r}: compacting partition {part!r} lost {COMPACT_COMMIT_RETRIES} "
+                "commit races to concurrent appends; nothing was changed, run maintenance again",
+                queue=queue.name, partition=part) from exc
         removed += int(metrics.get("numFilesRemoved", 0))
         added += int(metrics.get("numFilesAdded", 0))
     queue.refresh()
