@@ -107,7 +107,8 @@ class Record:
     epoch: int
     outputs: Mapping[str, Any] = field(default_factory=dict)
     error: str | None = None
-    offset: int = -1
+    offset: int = -1  # the backing offset; -1 for a record read back from a home commit
+    version: int | None = None  # the home commit's Delta version (one-commit steps)
 
     @property
     def step(self) -> int:
@@ -147,11 +148,11 @@ class BackingQueue:
         version = (dt or self.queue.refresh()).transaction_version(EPOCH_APP_ID)
         return -1 if version is None else int(version)
 
-    def fence(self) -> int:
-        """Start a new epoch (fencing every older instance) and return it."""
+    def fence(self, *, minimum: int = 0) -> int:
+        """Start a new epoch, at least ``minimum`` (fencing every older instance), and return it."""
         for _ in range(200):
             dt = self.queue.refresh()
-            new = self.epoch(dt) + 1
+            new = max(self.epoch(dt) + 1, minimum)
             try:
                 write_deltalake(dt, self.queue.table_schema.empty_table(), mode="append",
                                 commit_properties=CommitProperties(
@@ -178,6 +179,7 @@ class BackingQueue:
                                 commit_metadata={"cues.step": str(record.step)})
         return Record(record.type, record.snapshot, record.epoch, record.outputs, record.error,
                       result.first_offset)
+
 
     def maintain(self) -> None:
         """Compact the records into few files, checkpoint, drop log entries and tombstones older

@@ -1,7 +1,9 @@
-"""Turning a function's result into prepared (staged) outputs, and committing them.
+"""Turning a function's result into prepared outputs, and committing them.
 
 Preparing materializes the result once (Spark -> Arrow on the driver), conforms it to each output
-queue's contract and splits it by partition. exactly_once then writes it as Parquet files under
+queue's contract and splits it by partition, in memory. An exactly_once step whose rows all go to
+its home queue commits them from memory in its one home commit (``processing/home.py``); one that
+writes several queues first stages them as Parquet files under
 ``{lake}/_cues/staging/{processor}/{step}`` (its attempt record refers to them);
 at_least_once/at_most_once append the conformed tables directly (:func:`commit_direct`).
 Committing a staged output appends it to its queue in one Delta commit that carries the step's
@@ -103,10 +105,9 @@ def conformed(queues: Mapping[str, Queue], tables: Mapping[str, Mapping[str, pa.
     return out, counts
 
 
-def stage(lake: Lake, queues: Mapping[str, Queue], snapshot: Snapshot,
-          tables: Mapping[str, Mapping[str, pa.Table]]) -> tuple[Staged, dict[str, dict[str, int]]]:
-    """Step 3 (exactly_once): write each (queue, partition) table as a staged Parquet file."""
-    ready, counts = conformed(queues, tables)
+def stage(lake: Lake, snapshot: Snapshot, ready: Mapping[str, Mapping[str, pa.Table]]) -> Staged:
+    """Step 4 (exactly_once, an attempt over several queues): write each conformed (queue,
+    partition) table as a staged Parquet file that the attempt record refers to."""
     base = join_uri(lake.system_uri("staging", snapshot.processor), f"{snapshot.step:012d}-{snapshot.delivery_hash[:8]}")
     filesystem, root = fs.FileSystem.from_uri(base) if "://" in base else (fs.LocalFileSystem(), base)
     filesystem.create_dir(root, recursive=True)
@@ -118,7 +119,16 @@ def stage(lake: Lake, queues: Mapping[str, Queue], snapshot: Snapshot,
             path = f"{root}/{qname}--{part}--{uuid.uuid4().hex[:12]}.parquet"
             pq.write_table(table, path, filesystem=filesystem)
             staged.setdefault(qname, {})[part] = path
-    return staged, counts
+    return staged
+
+
+def read_staged(files: Mapping[str, str]) -> dict[str, pa.Table]:
+    """``{partition: table}`` of one queue's staged files (raises OSError when one is gone)."""
+    tables = {}
+    for part, path in files.items():
+        filesystem, p = fs.FileSystem.from_uri(path) if "://" in path else (fs.LocalFileSystem(), path)
+        tables[part] = pq.read_table(p, filesystem=filesystem)
+    return tables
 
 
 def error_table(snapshot: Snapshot, exc: BaseException) -> pa.Table:
@@ -158,10 +168,7 @@ def commit_staged(lake: Lake, queue: Queue, snapshot: Snapshot, files: Mapping[s
     """Step 5: append one queue's staged files in one commit, at most once per step."""
     if delivered_to(queue, snapshot.processor, snapshot.step):
         return AppendResult(queue=queue.name, ranges={}, duplicate=True)
-    tables = {}
-    for part, path in files.items():
-        filesystem, p = fs.FileSystem.from_uri(path) if "://" in path else (fs.LocalFileSystem(), path)
-        tables[part] = pq.read_table(p, filesystem=filesystem)
+    tables = read_staged(files)
     return commit_once(queue, snapshot, tables, prepared=True, message_type=message_type)
 
 

@@ -1,36 +1,67 @@
 """The exactly-once step protocol and its recovery (seed 004 adapted to batches on Delta).
 
-Persistence, on every step (``ExactlyOnceStepper.step``):
+A processor's *home* queue is the queue of its first output (``processing/home.py``); a sink has
+none. Persistence, on every step (``ExactlyOnceStepper.step``):
 
-1. Snapshot: take the input ranges ``[start, end)`` of this step (for alts: the binding chosen)
-   and append them to the backing queue; on a retry, reuse the recorded snapshot instead.
+1. Snapshot: plan the input ranges ``[start, end)`` of this step from the positions (for alts:
+   the binding chosen). Only a sink appends the snapshot to its backing queue here (its side
+   effect happens inside the function, before any other record, and a retried sink must see the
+   same snapshot and hash); every other kind records nothing yet.
 2. Read the ranges as Spark DataFrames and run the function. Who failed is decided where the
    exception escapes (:func:`cues_platform.processing.failures.origin_of`): only the user's own
    exceptions (and contract breaks in step 3) are *handled*. With an error queue the step's output
    becomes one error row; without one they stop the processor (:class:`UnhandledStepError`).
    A platform failure (Delta, the file system, Py4J/Spark infrastructure, a missing input file)
    is never handled: :class:`PlatformStepError` stops the processor, nothing is delivered, no
-   error row is written, and the next start retries the same snapshot with the same hash.
+   error row is written, and the next start plans again from the same positions.
 3. Prepare: materialize the result once (Spark is lazy: the user's plan runs here, so a failure
    is classified as in step 2), drop the queues' reserved metadata columns that the input frames
-   carried (``_offset``, ``_delivery_hash``...), conform it to the output contracts, write staged
-   files.
-4. Attempt: append what was prepared (staged files and row counts per queue, or nil).
-   From here on the step's outcome is fixed: recovery rolls it forward, never recomputes it, so
-   a fork's outputs end all delivered even with a non-deterministic function.
-5. Commit each output queue in one Delta commit carrying the delivery hash in its rows and the
-   app transaction ``proc:{processor} = step``; a queue that already has the step is skipped.
+   carried (``_offset``, ``_delivery_hash``...), conform it to the output contracts, in memory.
+4. One commit, when every prepared row goes to the home queue (map, join, alts, a fork whose
+   other outputs are empty this step; a nil step): commit the rows (or none) to the home queue
+   with the delivery hash in their rows, the app transactions ``proc:{p} = step``,
+   ``pos:{p}:{binding} = end`` and ``epoch:{p}``, and the snapshot in the commit metadata. That
+   commit IS the step: before it nothing is recorded, after it the step is delivered.
+   Otherwise (outputs and errors in several queues, a fork, a sink): stage the prepared tables
+   as files and append ONE attempt record to the backing queue, the snapshot folded into it (a
+   sink's attempt follows its snapshot record). From here on the step's outcome is fixed:
+   recovery rolls it forward, never recomputes it, so a fork's outputs end all delivered even
+   with a non-deterministic function.
+5. Attempt path only: commit each output queue other than home in one Delta commit carrying the
+   delivery hash in its rows and ``proc:{p} = step`` (a queue that already has the step is
+   skipped), then the home queue LAST, as in step 4 (rows or empty). The home commit closes the
+   step: when the home has step n, every queue of step n has it.
 6. Advance to the snapshot's ends; the next step starts there. Every
    ``Options.backing_maintenance_every`` steps, compact the backing queue (no record changes).
 
-Recovery, once on start (``recover``), reads only the last backing record (O(1) in history):
-no record → step 0 from offset 0; a snapshot → retry it (its alts binding included); an attempt →
-commit whatever output queue lacks the step (from the staged files), then go on after it.
-Recovery is idempotent: a crash inside it is recovered from by the next start. It begins by
-fencing: a new epoch makes every older instance's next backing write fail.
+Crash safety, point by point (names are the hook points the crash matrix crashes at):
+
+- ``before_snapshot``/``after_snapshot``/``after_read``/``after_function``/``after_prepare``
+  (one-commit path): nothing is recorded; recovery finds the home at step n-1 with the positions
+  of step n-1 and plans step n again from the same starts (with new data its ranges may be
+  longer, so its hash may differ: nothing of the crashed attempt was ever visible).
+- ``after_commit`` (one-commit path): the home has step n with its positions; recovery resumes
+  at n+1. The commit is atomic, so no state lies between "rows visible" and "positions stored".
+- ``after_prepare`` (attempt path): files may be staged but no record names them: recovery plans
+  again; the orphaned staging folder is replaced (unique names) and removed on delivery.
+- ``after_attempt``/``between_commits``: the backing's last record is an attempt of step n above
+  the home's step: recovery commits what each queue lacks (``proc:{p}`` says which), the home last.
+- ``after_commit`` (attempt path): the home has step n = the attempt's step: delivered; recovery
+  removes leftover staged files and resumes at n+1.
+- a sink's ``after_snapshot``..``after_prepare``: the backing's last record is its snapshot:
+  recovery retries the same ranges with the same hash (the sink helpers skip effects already
+  made under that hash).
+
+Recovery, once on start (``recover``), reads only the home queue's app transactions and the last
+backing record (O(1) in history). It begins by fencing: a new epoch is committed to the backing
+queue and then to the home queue, so every older instance's next backing append or home commit
+fails (a zombie's step commit racing the fence conflicts on ``epoch:{p}`` and is refused). A
+zombie can therefore finish at most a step it committed before the new instance read the home
+queue, which the new instance then sees. Recovery is idempotent: a crash inside it is recovered
+from by the next start.
 
 Off by one: ``step`` numbers from 0; ``proc:{processor}`` holds the last *delivered* step, so a
-queue has step n iff its version >= n. A nil attempt is delivered by its backing record alone.
+queue has step n iff its version >= n. ``pos:{p}:{binding}`` holds the next offset to read.
 """
 
 from __future__ import annotations
@@ -45,15 +76,23 @@ import pyarrow as pa
 from cues_platform.processing.backing import BackingQueue, Range, Record, RecordType, Snapshot
 from cues_platform.processing.context import StepContext
 from cues_platform.processing.contracts import split_by_contract
-from cues_platform.processing.errors import PlatformStepError, RecoveryError, UnhandledStepError
+from cues_platform.processing.errors import (
+    PlatformStepError,
+    ProcessorFencedError,
+    RecoveryError,
+    UnhandledStepError,
+)
 from cues_platform.processing.failures import Origin, Phase, origin_of, qualified_name
 from cues_platform.processing.graph import Graph, Kind, Processor
+from cues_platform.processing.home import commit_step, fence_home, home_of, read_home
 from cues_platform.processing.outputs import (
     commit_staged,
+    conformed,
     contract_error_table,
     delivered_to,
     error_table,
     partitioned,
+    read_staged,
     remove_staging,
     split_outputs,
     stage,
@@ -178,7 +217,7 @@ class StepBase:
         first = (str(cause).strip().splitlines() or [""])[0][:300]
         then = ("the step's input is lost (at_most_once saved its positions first)"
                 if self.processor.strategy.value == "at_most_once" else
-                "the next start retries the same input ranges with the same delivery hash")
+                "the next start reads the same input again from the same positions")
         return PlatformStepError(
             f"processor {self.processor.id!r} stopped at step {snapshot.step} (delivery hash "
             f"{snapshot.delivery_hash}): {type(cause).__name__} while {failure.phase.value}, which is not "
@@ -228,9 +267,8 @@ class StepBase:
         return self.keep(snapshot, {self.error_queue_name: {"0": error_table(snapshot, exc)}})
 
     def keep(self, snapshot: Snapshot, tables: Mapping[str, Mapping[str, pa.Table]]) -> tuple[dict, dict]:
-        """How step 3 keeps the prepared outputs until they are committed: exactly_once stages
-        them as files (its attempt record refers to them); a stepper may override it."""
-        return stage(self.lake, self.queues, snapshot, tables)
+        """Step 3 keeps the conformed outputs in memory: ``({queue: {partition: table}}, counts)``."""
+        return conformed(self.queues, tables)
 
     def advance(self, snapshot: Snapshot) -> None:
         for binding, r in snapshot.inputs.items():
@@ -242,50 +280,96 @@ class ExactlyOnceStepper(StepBase):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.backing = BackingQueue(self.lake, self.processor.id)
+        self.home = home_of(self.processor)
         self.epoch = -1
         self.pending: Snapshot | None = None
 
+    def fence(self) -> int:
+        """A new epoch in the backing queue, then the same one in the home queue (see above)."""
+        minimum = 0
+        for _ in range(200):
+            epoch = self.backing.fence(minimum=minimum)
+            if self.home is None:
+                return epoch
+            taken = fence_home(self.queues[self.home], self.processor.id, epoch)
+            if taken is None:
+                return epoch
+            minimum = taken + 1  # another instance got there first: go above it
+        raise ProcessorFencedError(f"processor {self.processor.id!r}: could not start a new epoch; "
+                                   "another instance keeps starting", processor=self.processor.id)
+
     def recover(self) -> StepResult | None:
-        """Fence older instances and resolve the last backing record. Returns the rolled-forward
-        step, if any."""
-        self.epoch = self.backing.fence()
+        """Fence older instances and resolve the home queue and the last backing record. Returns
+        the rolled-forward step, if any."""
+        self.epoch = self.fence()
         self.hook("recovery_fenced")
         last = self.backing.last_record()
         self.pending = None
-        if last is None:
+        home = read_home(self.queues[self.home], self.processor) if self.home else None
+        done = home.step if home is not None else -1
+        if last is not None and last.step > done:
+            if last.type is RecordType.SNAPSHOT:
+                self.pending = last.snapshot  # retry the same ranges (and the same alts binding)
+                self.next_step = last.step
+                self.positions = {b: r.start for b, r in last.snapshot.inputs.items()}
+                return None
+            result = self.deliver(last, recovered=True)  # an attempt the home does not close yet
+            self.advance(last.snapshot)
+            return result
+        if done < 0:
             self.positions, self.next_step = dict.fromkeys(self.processor.inputs, 0), 0
             return None
-        if last.type is RecordType.SNAPSHOT:
-            self.pending = last.snapshot  # retry the same ranges (and the same alts binding)
-            self.next_step = last.step
-            self.positions = {b: r.start for b, r in last.snapshot.inputs.items()}
-            return None
-        result = self.deliver(last, recovered=True)
-        self.advance(last.snapshot)
-        return result
+        same = last is not None and last.step == done and last.is_attempt
+        if same:
+            remove_staging(self.lake, last.snapshot)  # delivered: only staged files may remain
+        positions = home.positions if home is not None else None
+        if positions is None:  # a step committed by a version that kept positions in the backing
+            if not same:
+                raise RecoveryError(
+                    f"processor {self.processor.id!r}: home queue {self.home!r} has step {done} but "
+                    "neither its input positions nor a backing record of that step; the lake was "
+                    "changed outside the protocol (run `cues audit`)",
+                    processor=self.processor.id, step=done, queue=self.home)
+            positions = {b: r.end for b, r in last.snapshot.inputs.items()}  # type: ignore[union-attr]
+        self.positions = {b: positions.get(b, 0) for b in self.processor.inputs}
+        self.next_step = done + 1
+        return None
 
     def deliver(self, attempt: Record, *, recovered: bool = False) -> StepResult:
-        """Step 5 for every output queue of the attempt (idempotent: the roll-forward)."""
+        """Step 5 for every output queue of the attempt, the home last (idempotent: the
+        roll-forward)."""
         snapshot = attempt.snapshot
         files: dict[str, dict[str, str]] = attempt.outputs.get("files", {})
-        for i, (qname, parts) in enumerate(sorted(files.items())):
+        counts: dict[str, dict[str, int]] = attempt.outputs.get("rows", {})
+        message_type = "error" if attempt.type is RecordType.ATTEMPT_ERROR else "message"
+        for qname, parts in sorted(files.items()):
+            if qname == self.home:
+                continue
             queue = self.queues.get(qname) or self.lake.queue(qname)
             if not delivered_to(queue, self.processor.id, snapshot.step):
-                try:
-                    commit_staged(self.lake, queue, snapshot, parts,
-                                  message_type="error" if attempt.type is RecordType.ATTEMPT_ERROR else "message")
-                except (FileNotFoundError, OSError) as exc:
-                    raise RecoveryError(
-                        f"processor {self.processor.id!r}: staged output of step {snapshot.step} for "
-                        f"queue {qname!r} is gone ({exc}); it cannot be rolled forward",
-                        processor=self.processor.id, step=snapshot.step, queue=qname) from exc
-            if i < len(files) - 1:
+                with self._staged(snapshot, qname):
+                    commit_staged(self.lake, queue, snapshot, parts, message_type=message_type)
+            if self.home is not None:
                 self.hook("between_commits")
+        if self.home is not None:
+            with self._staged(snapshot, self.home):
+                tables = read_staged(files[self.home]) if self.home in files else {}
+            commit_step(self.queues[self.home], snapshot, tables, epoch=self.epoch,
+                        outcome=attempt.type, rows=counts, is_record=False, message_type=message_type)
         remove_staging(self.lake, snapshot)
-        outcome = {RecordType.ATTEMPT_OUTPUT: "output", RecordType.ATTEMPT_ERROR: "error"}.get(attempt.type, "nil")
-        rows = {q: sum(p.values()) for q, p in attempt.outputs.get("rows", {}).items()}
-        return StepResult(snapshot.step, snapshot.delivery_hash, outcome, snapshot.inputs, snapshot.rows,
-                          rows, attempt.error, recovered)
+        rows = {q: sum(p.values()) for q, p in counts.items()}
+        return StepResult(snapshot.step, snapshot.delivery_hash, _OUTCOMES.get(attempt.type, "nil"),
+                          snapshot.inputs, snapshot.rows, rows, attempt.error, recovered)
+
+    @contextmanager
+    def _staged(self, snapshot: Snapshot, qname: str) -> Iterator[None]:
+        try:
+            yield
+        except (FileNotFoundError, OSError) as exc:
+            raise RecoveryError(
+                f"processor {self.processor.id!r}: staged output of step {snapshot.step} for "
+                f"queue {qname!r} is gone ({exc}); it cannot be rolled forward",
+                processor=self.processor.id, step=snapshot.step, queue=qname) from exc
 
     def step(self) -> StepResult | None:
         self.hook("before_snapshot")
@@ -295,28 +379,41 @@ class ExactlyOnceStepper(StepBase):
             snapshot = self.plan_snapshot()
             if snapshot is None:
                 return None
-            self.backing.append(Record(RecordType.SNAPSHOT, snapshot, self.epoch))
+            if self.home is None:  # a sink records its snapshot before its side effect
+                self.backing.append(Record(RecordType.SNAPSHOT, snapshot, self.epoch))
             self.pending = snapshot
         self.hook("after_snapshot")
         # Step 2 and Step 3
-        error: str | None = None
-        staged, counts, exc = self.run_and_prepare(snapshot)
-        if exc is None:
-            kind = RecordType.ATTEMPT_OUTPUT if staged else RecordType.ATTEMPT_NIL
-        else:
-            kind, error = RecordType.ATTEMPT_ERROR, f"{type(exc).__name__}: {exc}"
+        tables, counts, exc = self.run_and_prepare(snapshot)
+        error = None if exc is None else f"{type(exc).__name__}: {exc}"
+        kind = (RecordType.ATTEMPT_ERROR if exc is not None else
+                RecordType.ATTEMPT_OUTPUT if tables else RecordType.ATTEMPT_NIL)
+        message_type = "error" if exc is not None else "message"
         self.hook("after_prepare")
-        # Step 4
-        attempt = self.backing.append(Record(kind, snapshot, self.epoch,
-                                             {"files": staged, "rows": counts} if staged else {}, error))
-        self.hook("after_attempt")
-        # Step 5
-        result_ = self.deliver(attempt)
-        self.hook("after_commit")
+        if self.home is not None and set(tables) <= {self.home}:
+            # Step 4 (one commit: the step's rows, positions and snapshot, atomically)
+            commit_step(self.queues[self.home], snapshot, tables.get(self.home, {}), epoch=self.epoch,
+                        outcome=kind, rows=counts, is_record=True, message_type=message_type)
+            self.hook("after_commit")
+            result_ = StepResult(snapshot.step, snapshot.delivery_hash, _OUTCOMES.get(kind, "nil"),
+                                 snapshot.inputs, snapshot.rows,
+                                 {q: sum(p.values()) for q, p in counts.items()}, error)
+        else:
+            # Step 4 (an attempt over several queues)
+            staged = stage(self.lake, snapshot, tables) if tables else {}
+            attempt = self.backing.append(Record(kind, snapshot, self.epoch,
+                                                 {"files": staged, "rows": counts} if staged else {}, error))
+            self.hook("after_attempt")
+            # Step 5
+            result_ = self.deliver(attempt)
+            self.hook("after_commit")
         # Step 6
         self.pending = None
         self.advance(snapshot)
         every = self.processor.options.backing_maintenance_every
-        if every and self.next_step % every == 0:
+        if every and self.next_step % every == 0 and self.backing.queue.next_offset("0"):
             self.backing.maintain()
         return result_
+
+
+_OUTCOMES = {RecordType.ATTEMPT_OUTPUT: "output", RecordType.ATTEMPT_ERROR: "error"}

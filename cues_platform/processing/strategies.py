@@ -9,7 +9,7 @@ at_least_once (Kafka's "process, then save the position"; ``PositionStepper.step
    ``write_delta_once``, then skip it without losing rows).
 2. Save the plan (step number and the planned end of every input) in ONE position-store commit.
 3. Read, run the function, materialize its result once and conform it to the output queues, in
-   memory (nothing is staged: :meth:`PositionStepper.keep`).
+   memory (nothing is staged: :meth:`StepBase.keep`).
 4. Append each output queue's rows straight from memory in one commit per queue (with the delivery
    hash; no backing record, no staged file, no re-read, no step check).
 5. Commit the tailer positions and the next step number (one commit).
@@ -31,14 +31,11 @@ error row: at_least_once retries the step on the next start, at_most_once has lo
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
-
-import pyarrow as pa
 
 from cues_platform.processing.backing import Range, Snapshot
 from cues_platform.processing.graph import Kind, Strategy
-from cues_platform.processing.outputs import commit_direct, conformed
+from cues_platform.processing.outputs import commit_direct
 from cues_platform.processing.step import ExactlyOnceStepper, StepBase, StepResult
 from cues_platform.queues.positions import PositionStore
 
@@ -92,10 +89,6 @@ class PositionStepper(StepBase):
             [(PLANNED_KEY, pid, "0", snapshot.step + 1)]
             + [(PLAN_END_KEY, pid, binding, r.end) for binding, r in snapshot.inputs.items()]
         )
-
-    def keep(self, snapshot: Snapshot, tables: Mapping[str, Mapping[str, pa.Table]]) -> tuple[dict, dict]:
-        """Step 3 keeps the conformed outputs in memory: ``({queue: {partition: table}}, counts)``."""
-        return conformed(self.queues, tables)
 
     def step(self) -> StepResult | None:
         self.hook("before_snapshot")

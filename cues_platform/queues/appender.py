@@ -160,11 +160,18 @@ def append_batches(
     guards: Sequence[Guard] = (),
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     prepared: bool = False,
+    allow_empty: bool = False,
     **options: Any,
 ) -> AppendResult:
-    """Append ``{partition: batch}`` to ``queue`` in one Delta commit. See the module docstring."""
+    """Append ``{partition: batch}`` to ``queue`` in one Delta commit. See the module docstring.
+
+    ``allow_empty``: with no batch at all, commit no rows but still the app transactions and the
+    metadata (a processor's nil step); without it, an empty call is a :class:`BatchError`."""
     opts = AppendOptions(**options)
-    tables = dict(batches) if prepared else prepare_batches(queue, batches)
+    if allow_empty and not batches:
+        tables: dict[str, pa.Table] = {}
+    else:
+        tables = dict(batches) if prepared else prepare_batches(queue, batches)
     metadata = {"cues.queue": queue.name, **dict(opts.commit_metadata)}
     if opts.producer_id is not None:
         metadata["cues.producer"] = f"{opts.producer_id}#{opts.sequence}"
@@ -194,8 +201,11 @@ def append_batches(
             )
             txns.append(Transaction(f"part:{partition}", end))
         txns += [Transaction(app_id, version) for app_id, version in opts.app_transactions]
-        data = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-        data = data.cast(queue.table_schema)
+        if not parts:
+            data = queue.table_schema.empty_table()
+        else:
+            data = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+            data = data.cast(queue.table_schema)
         # Step 4
         try:
             with queue._lock:

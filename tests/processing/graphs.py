@@ -50,6 +50,7 @@ from cues_platform.processing import (
     SimulatedCrash,
     Strategy,
 )
+from cues_platform.processing.history import step_history
 from cues_platform.queues import Lake
 from tests.support import PAYLOAD, rows
 
@@ -199,25 +200,36 @@ def sink_rows(lake: Lake) -> pa.Table | None:
         return None
 
 
-def check_backing(lake: Lake, pid: str = PID) -> dict[int, Any]:
-    """The backing history is [snapshot, attempt] per step 0..k (a retry reuses its snapshot and
-    appends one attempt), and the last record is a delivered attempt. Returns step -> attempt."""
-    records = BackingQueue(lake, pid).records()
-    assert records, "no backing records"
-    assert records[-1].is_attempt, f"last backing record is {records[-1].type}, not an attempt"
-    types = [(r.type is RecordType.SNAPSHOT, r.step) for r in records]
-    expected_types = [(i % 2 == 0, i // 2) for i in range(len(records))]
-    assert types == expected_types, f"backing history is not [snapshot, attempt] per step: {types}"
-    for snap, att in zip(records[::2], records[1::2], strict=True):
-        assert snap.hash == att.hash and snap.snapshot == att.snapshot
-    return {r.step: r for r in records[1::2]}
+def check_backing(lake: Lake, pid: str = PID, *, kind: str | None = None) -> dict[int, Any]:
+    """The step history (backing records merged with the one-commit steps' home commits) has one
+    attempt per step 0..k, in order, and ends with a delivered attempt. A sink records
+    [snapshot, attempt] per step (a retry reuses its snapshot); other kinds record no snapshot
+    (it is folded into the attempt or the home commit). Returns step -> attempt."""
+    backing = BackingQueue(lake, pid).records()
+    records = step_history(backing, [lake.queue(q) for q in lake.list_queues()], pid)
+    assert records, "no step records"
+    assert records[-1].is_attempt, f"last record is {records[-1].type}, not an attempt"
+    attempts = [r for r in records if r.is_attempt]
+    assert [a.step for a in attempts] == list(range(len(attempts))), \
+        f"attempts are not one per step 0..k: {[a.step for a in attempts]}"
+    snapshots = [(i, r) for i, r in enumerate(records) if r.type is RecordType.SNAPSHOT]
+    if kind is not None and kind != "sink":
+        assert not snapshots, f"a {kind} records no snapshot of its own: {snapshots}"
+    if kind == "sink":
+        types = [(r.type is RecordType.SNAPSHOT, r.step) for r in records]
+        assert types == [(i % 2 == 0, i // 2) for i in range(len(records))], \
+            f"a sink's backing history is not [snapshot, attempt] per step: {types}"
+    for i, snap in snapshots:
+        att = records[i + 1]
+        assert att.is_attempt and snap.hash == att.hash and snap.snapshot == att.snapshot
+    return {a.step: a for a in attempts}
 
 
 def check_exact(lake: Lake, kind: str, outcome: str, *, n: int = N, batch: int = BATCH,
                 pid: str = PID) -> dict[int, Any]:
     """Exact contents: outputs, errors, side effects, and their hashes against the backing queue."""
     ex = expected(kind, outcome, n=n, batch=batch)
-    attempts = check_backing(lake, pid)
+    attempts = check_backing(lake, pid, kind=kind)
     for q, ids in ex.queues.items():
         assert ids_of(lake, q) == ids, f"queue {q!r} differs from the expected rows"
     # Every output row carries the hash of a step whose attempt says it wrote that many rows there.

@@ -25,6 +25,7 @@ from cues_platform.processing import (
     SimulatedCrash,
     UnhandledStepError,
 )
+from cues_platform.processing.home import read_home
 from cues_platform.processing.runner import create_queues
 from cues_platform.queues import Lake
 from tests.processing.graphs import (
@@ -44,8 +45,22 @@ from tests.processing.graphs import (
 )
 from tests.support import ROOT
 
-MATRIX = [(k, o, p) for k, o, p in itertools.product(KINDS, OUTCOMES, STEP_POINTS)
-          if p != "between_commits" or k == "fork"]
+def one_commit(kind: str, outcome: str) -> bool:
+    """Whether step 1 takes the one-commit path: every row (or none) goes to the home queue b."""
+    return kind != "sink" and (outcome == "nil" or (outcome == "output" and kind != "fork"))
+
+
+def reached(kind: str, outcome: str, point: str) -> bool:
+    """Whether step 1 passes ``point``: the attempt path has an attempt record, and commits
+    before the home commit (error rows, a fork's second output); the one-commit path neither."""
+    if point == "after_attempt":
+        return not one_commit(kind, outcome)
+    if point == "between_commits":
+        return kind != "sink" and not one_commit(kind, outcome)
+    return True
+
+
+MATRIX = [(k, o, p) for k, o, p in itertools.product(KINDS, OUTCOMES, STEP_POINTS) if reached(k, o, p)]
 
 
 def crash_then_recover(spark, lake: Lake, graph, hook: CrashAt, kind: str) -> None:
@@ -59,13 +74,20 @@ def crash_then_recover(spark, lake: Lake, graph, hook: CrashAt, kind: str) -> No
 @pytest.mark.parametrize(("kind", "outcome", "point"), MATRIX)
 def test_crash_point_matrix(spark, lake, kind, outcome, point):
     graph = build_graph(kind, outcome)
-    crash_then_recover(spark, lake, graph, CrashAt(point, occurrence=2), kind)
+    # Step 0 (block 0: output) takes the attempt path only for a fork or a sink, so an attempt-path
+    # point of step 1 is the first one reached by the other kinds.
+    attempt_only = point in ("after_attempt", "between_commits")
+    occurrence = 1 if attempt_only and kind not in ("fork", "sink") else 2
+    crash_then_recover(spark, lake, graph, CrashAt(point, occurrence=occurrence), kind)
     stats = GraphRunner(graph=graph, lake=lake, spark=spark).run_until_idle()
     attempts = check_exact(lake, kind, outcome)
-    # A crash after the attempt record is finished by recovery (roll-forward), not recomputed.
+    # A crash after the attempt record is finished by recovery (roll-forward), not recomputed;
+    # after the home commit (or a one-commit step's commit) there is nothing left to finish.
     rolled = [r for r in stats[PID].results if r.recovered]
-    if point in ("after_attempt", "between_commits", "after_commit"):
+    if point in ("after_attempt", "between_commits") or (kind == "sink" and point == "after_commit"):
         assert len(rolled) == 1 and attempts[rolled[0].step].hash == rolled[0].delivery_hash
+    elif kind != "sink":  # a sink's recovery re-resolves its last attempt (it has no home queue)
+        assert rolled == []
     # Running again finds nothing to do and delivers nothing twice.
     again = GraphRunner(graph=graph, lake=lake, spark=spark).run_until_idle()
     assert all(r.recovered for r in again[PID].results)
@@ -78,35 +100,40 @@ def test_crash_during_recovery_roll_forward(spark, lake):
     first queue is already committed, so the roll-forward skips it); a third start finishes."""
     graph = build_graph("fork")
     crash_then_recover(spark, lake, graph, CrashAt("between_commits", 2), "fork")
-    # Queue b has step 1, queue d does not yet.
-    assert len(ids_of(lake, "b")) == 20 and len(ids_of(lake, "d")) == 10
+    # Queue d has step 1; the home queue b, committed last, does not yet.
+    assert len(ids_of(lake, "d")) == 20 and len(ids_of(lake, "b")) == 10
     hook = CrashAt("between_commits", 1)
     with pytest.raises(SimulatedCrash):
         GraphRunner(graph=graph, lake=lake, spark=spark, hook=hook).run_until_idle()
     assert hook.fired and hook.seen["recovery_fenced"] == 1 and hook.seen["before_snapshot"] == 0
-    assert len(ids_of(lake, "d")) == 10  # still not rolled forward
+    assert len(ids_of(lake, "b")) == 10 and len(ids_of(lake, "d")) == 20  # d not committed twice
     GraphRunner(graph=graph, lake=lake, spark=spark).run_until_idle()
     check_exact(lake, "fork", "output")
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_crash_at_recovery_fenced(spark, lake, kind):
-    """Crash after the attempt record, then crash twice right after recovery fenced: each start
-    has its own epoch, and the third start still rolls the attempt forward exactly once."""
-    graph = build_graph(kind, "output")
-    crash_then_recover(spark, lake, graph, CrashAt("after_attempt", 2), kind)
+    """Crash after the attempt record of step 1, then crash twice right after recovery fenced: each
+    start has its own epoch, and the third start still rolls the attempt forward exactly once.
+    (Step 1 of a map, join or alts takes the attempt path when it fails: its error row goes to the
+    error queue, not to the home queue.)"""
+    outcome = "output" if kind in ("fork", "sink") else "error"
+    graph = build_graph(kind, outcome)
+    crash_then_recover(spark, lake, graph, CrashAt("after_attempt", 2 if kind in ("fork", "sink") else 1), kind)
     for _ in range(2):
         hook = CrashAt("recovery_fenced", 1)
         with pytest.raises(SimulatedCrash):
             GraphRunner(graph=graph, lake=lake, spark=spark, hook=hook).run_until_idle()
         assert hook.fired
     GraphRunner(graph=graph, lake=lake, spark=spark).run_until_idle()
-    check_exact(lake, kind, "output")
+    check_exact(lake, kind, outcome)
     assert BackingQueue(lake, PID).epoch() == 3  # epochs 0..3: one per start
+    if kind != "sink":
+        assert read_home(lake.queue("b"), graph.processors[PID]).epoch == 3  # the same in home
 
 
 def test_crash_after_snapshot_then_at_recovery_fenced(spark, lake):
-    """Recovery from a snapshot record (retry) crashing at its fence is also idempotent."""
+    """A step that crashed before any record, then a recovery crashing at its fence: idempotent."""
     graph = build_graph("map", "error")
     crash_then_recover(spark, lake, graph, CrashAt("after_function", 1), "map")
     hook = CrashAt("recovery_fenced", 1)
@@ -116,11 +143,12 @@ def test_crash_after_snapshot_then_at_recovery_fenced(spark, lake):
     check_exact(lake, "map", "error")
 
 
-# -- alts: a retry reads the binding of the first attempt ----------------------------------------
-def test_alts_retry_reads_the_same_binding(spark, lake):
-    """Only ``c`` (binding ``right``) has data when step 0 is snapshotted; the step crashes; then
-    ``a`` (binding ``left``) gets data. A restarted runner would pick ``left`` first for a new step,
-    but the retry reads ``right`` again (same snapshot, same hash); ``a`` is read by step 1."""
+# -- alts: a crash before the commit leaves no choice behind ---------------------------------------
+def test_alts_crash_before_commit_records_no_choice(spark, lake):
+    """Only ``c`` (binding ``right``) has data when step 0 is planned; the step crashes before its
+    commit, which records nothing; then ``a`` (binding ``left``) gets data. The restarted runner
+    plans step 0 anew (either binding may be chosen: nothing of the crashed attempt is visible),
+    and every row of both inputs is delivered once, each step reading only its chosen binding."""
     from tests.support import rows
 
     graph = build_graph("alts", "output")
@@ -128,28 +156,27 @@ def test_alts_retry_reads_the_same_binding(spark, lake):
     lake.queue("c").append(rows(100, 10), partition="0")
     with pytest.raises(SimulatedCrash):
         runner.run_until_idle()
-    first = BackingQueue(lake, PID).last_record()
-    assert first.type is RecordType.SNAPSHOT and first.snapshot.alts == "right"
+    assert BackingQueue(lake, PID).last_record() is None and ids_of(lake, "b") == []
+    assert read_home(lake.queue("b"), graph.processors[PID]).step == -1
     lake.queue("a").append(rows(0, 10), partition="0")
-    # Crash the retry once more, right after it read its input.
+    # Crash the next attempt once more, right after it read its input.
     hook = CrashAt("after_read", 1)
     with pytest.raises(SimulatedCrash):
         GraphRunner(graph=graph, lake=lake, spark=spark, hook=hook).run_until_idle()
     assert hook.fired
     stats = GraphRunner(graph=graph, lake=lake, spark=spark).run_until_idle()
-    attempts = check_backing(lake)
-    assert attempts[0].snapshot.alts == "right" and attempts[0].hash == first.hash
-    assert attempts[0].snapshot.inputs["right"].size == 10
-    assert attempts[0].snapshot.inputs["left"].size == 0
-    assert attempts[1].snapshot.alts == "left"
+    attempts = check_backing(lake, kind="alts")
     assert [r.step for r in stats[PID].results] == [0, 1]
+    assert {a.snapshot.alts for a in attempts.values()} == {"left", "right"}
+    for a in attempts.values():
+        assert [b for b, r in a.snapshot.inputs.items() if r.size] == [a.snapshot.alts]
     b = lake.queue("b").read_arrow(partition="0")
     by_hash: dict[str, list[int]] = {}
     for i, h in zip(b["id"].to_pylist(), b["_delivery_hash"].to_pylist(), strict=True):
         by_hash.setdefault(h, []).append(i)
+    expected = {"right": [i * 2 for i in range(100, 110)], "left": [i * 2 for i in range(10)]}
     assert {h: sorted(v) for h, v in by_hash.items()} == {
-        attempts[0].hash: [i * 2 for i in range(100, 110)],
-        attempts[1].hash: [i * 2 for i in range(10)]}
+        a.hash: expected[a.snapshot.alts] for a in attempts.values()}
 
 
 # -- a non-deterministic fork ---------------------------------------------------------------------
@@ -176,30 +203,35 @@ def test_nondeterministic_fork_is_consistent_after_crash_between_commits(spark, 
 
 # -- unhandled errors ------------------------------------------------------------------------------
 def test_unhandled_error_stops_and_the_fixed_function_retries_the_same_snapshot(spark, lake):
+    """With no error queue a failing step stops the processor and records nothing; restarts plan
+    the same ranges from the stored positions (same hash while no data arrives), and the fixed
+    function delivers that step once."""
     graph = build_graph("map", "error", error_queue=False)
     runner = GraphRunner(graph=graph, lake=lake, spark=spark)
     load_inputs(lake, "map")
     with pytest.raises(UnhandledStepError) as info:
         runner.run_until_idle()
-    assert info.value.retryable
-    last = BackingQueue(lake, PID).last_record()
-    assert last.type is RecordType.SNAPSHOT and last.step == 1
+    assert info.value.retryable and info.value.step == 1
+    failed_hash = info.value.delivery_hash
+    assert BackingQueue(lake, PID).last_record() is None  # nothing recorded for step 1
+    home = read_home(lake.queue("b"), graph.processors[PID])
+    assert home.step == 0 and home.positions == {"src": 10}
     assert ids_of(lake, "b") == [i * 2 for i in range(10)]  # step 1 delivered nothing
-    # Restarting with the same broken function fails the same way, on the same snapshot.
-    with pytest.raises(UnhandledStepError):
+    # Restarting with the same broken function fails the same way, on the same ranges.
+    with pytest.raises(UnhandledStepError) as again:
         GraphRunner(graph=graph, lake=lake, spark=spark).run_until_idle()
-    assert BackingQueue(lake, PID).last_record().hash == last.hash
+    assert again.value.delivery_hash == failed_hash
     fixed = build_graph("map", "output", error_queue=False, fn=make_fn("map", "output"))
     stats = GraphRunner(graph=fixed, lake=lake, spark=spark).run_until_idle()
-    assert stats[PID].results[0].step == 1 and stats[PID].results[0].delivery_hash == last.hash
+    assert stats[PID].results[0].step == 1 and stats[PID].results[0].delivery_hash == failed_hash
     check_exact(lake, "map", "output")
 
 
 # -- SIGKILL of a child process, one row per kind ------------------------------------------------
 KILLS = {  # kind -> (outcome, point, occurrence)
-    "map": ("output", "after_attempt", 2),
-    "join": ("error", "after_attempt", 2),  # step 1 is the failing one: its error row is staged
-    "alts": ("nil", "after_prepare", 2),
+    "map": ("output", "after_commit", 2),  # the one commit of step 1 is made, nothing after it
+    "join": ("error", "after_attempt", 1),  # step 1 fails: its error row is staged (attempt path)
+    "alts": ("nil", "after_prepare", 2),  # nothing of step 1 recorded
     "fork": ("output", "between_commits", 2),
     "sink": ("output", "after_function", 2),  # the side effect happened, the attempt did not
 }
@@ -242,10 +274,15 @@ def test_sigkill_child_then_recover(spark, killed_children, kind):
     assert rc == -signal.SIGKILL, f"child exited {rc}:\n{output[-3000:]}"
     assert "NOT KILLED" not in output
     last = BackingQueue(lake, PID).last_record()
+    graph = build_graph(kind, outcome)
     if point in ("after_attempt", "between_commits"):
         assert last.is_attempt and last.step == 1
-    else:
+    elif kind == "sink":
         assert last.type is RecordType.SNAPSHOT and last.step == 1
+    else:  # one-commit path: the home queue alone says how far the processor got
+        assert last is None
+        home = read_home(lake.queue("b"), graph.processors[PID])
+        assert home.step == (1 if point == "after_commit" else 0)
     GraphRunner(graph=build_graph(kind, outcome), lake=lake, spark=spark).run_until_idle()
     check_exact(lake, kind, outcome)
 

@@ -1,0 +1,97 @@
+"""A processor's step history: its backing-queue records merged with the records of its
+one-commit steps, read back from the home queue's Delta log.
+
+A one-commit step (``processing/home.py``) has no backing record: its home commit carries the
+snapshot, outcome and row counts in its commit metadata (``cues.step_record = commit``). This
+module turns those commits back into :class:`Record` values (with ``version`` set to the Delta
+version of the commit) so that the tests and the auditor see one history per processor, in step
+order, whichever path each step took. Reading it is O(commits in the log): it is for audits and
+tests, never for recovery (which reads app transactions, O(1)).
+
+Limit: Delta keeps commit entries for the table's ``delta.logRetentionDuration`` (30 days by
+default) after a checkpoint; steps whose commits were trimmed have no record here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from cues_platform.processing.backing import Record, RecordType, Snapshot
+from cues_platform.processing.home import STEP_RECORD_KEY
+from cues_platform.queues import Queue
+
+_TYPES = {"attempt_output", "attempt_error", "attempt_nil"}
+
+
+@dataclass(frozen=True)
+class BadCommit:
+    """A commit that claims to be a step record but does not parse."""
+
+    queue: str
+    version: int
+    processor: str | None
+    problem: str
+
+
+def commit_records(queue: Queue, *, processor: str | None = None,
+                   since: int = -1) -> tuple[dict[str, list[Record]], list[BadCommit]]:
+    """``({processor: [records in version order]}, malformed)`` of the step-record commits of
+    ``queue`` newer than version ``since``."""
+    found: dict[str, list[Record]] = {}
+    bad: list[BadCommit] = []
+    for entry in reversed(queue.refresh().history()):
+        version = int(entry.get("version", -1))
+        if version <= since or entry.get(STEP_RECORD_KEY) != "commit":
+            continue
+        pid = entry.get("cues.processor")
+        if processor is not None and pid != processor:
+            continue
+        try:
+            snapshot = Snapshot.from_json(entry["cues.snapshot"])
+            kind = RecordType(entry["cues.outcome"])
+            rows = json.loads(entry.get("cues.rows") or "{}")
+            if kind.value not in _TYPES or not isinstance(rows, Mapping):
+                raise ValueError(f"outcome {kind.value!r} / rows {rows!r}")
+            problems = []
+            if snapshot.processor != pid:
+                problems.append(f"its snapshot names processor {snapshot.processor!r}")
+            if str(snapshot.step) != entry.get("cues.step") or snapshot.delivery_hash != entry.get("cues.hash"):
+                problems.append("its step/hash metadata disagree with its snapshot")
+            if problems:
+                raise ValueError("; ".join(problems))
+            record = Record(kind, snapshot, int(entry.get("cues.epoch", -1)),
+                            {"rows": rows} if rows else {}, version=version)
+        except (KeyError, TypeError, ValueError) as exc:
+            bad.append(BadCommit(queue.name, version, pid, f"{type(exc).__name__}: {exc}"))
+            continue
+        found.setdefault(str(pid), []).append(record)
+    return found, bad
+
+
+def merge(backing: Iterable[Record], commits: Iterable[Record]) -> list[Record]:
+    """The backing records in their own order, with each commit record placed before the first
+    backing record of a later step (a backing attempt of the same step wins: the home commit of
+    an attempt-path step is not a step record, so the two never describe one step)."""
+    backing = list(backing)
+    taken = {r.step for r in backing if r.is_attempt}
+    pending = sorted((c for c in commits if c.step not in taken), key=lambda r: r.step)
+    out: list[Record] = []
+    i = 0
+    for rec in backing:
+        while i < len(pending) and pending[i].step < rec.step:
+            out.append(pending[i])
+            i += 1
+        out.append(rec)
+    out.extend(pending[i:])
+    return out
+
+
+def step_history(backing: Iterable[Record], queues: Iterable[Queue], processor: str) -> list[Record]:
+    """One processor's whole history: its backing records and the step records in ``queues``."""
+    commits: list[Record] = []
+    for q in queues:
+        commits += commit_records(q, processor=processor)[0].get(processor, [])
+    return merge(backing, commits)
+

@@ -1,0 +1,155 @@
+"""The home queue: where every exactly_once step of a processor ends, in one Delta commit.
+
+A processor's *home* is the queue of its first output binding (sinks have none and keep the
+backing-queue protocol). Each step's last commit goes to the home queue, with rows or empty,
+and carries, atomically with the rows, these app transactions (Kafka's "offsets stored with the
+output", Spark's ``txnAppId``/``txnVersion``):
+
+- ``proc:{p} = step``: the last delivered step (every output commit of ``p`` carries it);
+- ``pos:{p}:{binding} = end``: the input positions after that step, one per input binding;
+- ``epoch:{p} = epoch``: the fencing epoch of the instance that committed.
+
+and the commit metadata ``cues.snapshot`` (the step's input ranges), ``cues.hash``,
+``cues.outcome`` and ``cues.rows``. Recovery reads the app transactions back in O(1)
+(``DeltaTable.transaction_version``, kept in every checkpoint); the auditor reads the metadata
+from the log (:mod:`cues_platform.processing.history`).
+
+Fencing: a new instance commits a higher ``epoch:{p}`` to the home queue (an empty commit) before
+it reads anything. Every step commit checks that the home's epoch is still its own and carries
+``epoch:{p}`` itself, so a step commit racing the fence conflicts (same app id) and, re-checked,
+fails with :class:`ProcessorFencedError`. Hence, once a newer instance has read the home queue,
+no older instance can commit to it again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError
+
+from cues_platform.processing.backing import RecordType, Snapshot
+from cues_platform.processing.errors import ProcessorFencedError
+from cues_platform.processing.graph import Kind, Processor
+from cues_platform.processing.outputs import proc_app_id
+from cues_platform.queues import Queue
+from cues_platform.queues.appender import AppendResult, append_batches
+
+STEP_RECORD_KEY = "cues.step_record"  # "commit": this commit is the step's only record
+FENCE_ATTEMPTS = 200
+
+
+def epoch_app_id(processor_id: str) -> str:
+    return f"epoch:{processor_id}"
+
+
+def pos_app_id(processor_id: str, binding: str) -> str:
+    return f"pos:{processor_id}:{binding}"
+
+
+def home_of(processor: Processor) -> str | None:
+    """The home queue of an exactly_once processor: its first output's queue (None for a sink)."""
+    if processor.kind is Kind.SINK or not processor.outputs:
+        return None
+    return next(iter(processor.outputs.values())).queue
+
+
+def _version(dt: DeltaTable, app_id: str) -> int | None:
+    v = dt.transaction_version(app_id)
+    return None if v is None else int(v)
+
+
+@dataclass(frozen=True)
+class HomeState:
+    """What the home queue says of a processor: its last delivered step (-1: none), the epoch
+    that committed last, and the input positions after that step (None when the step was
+    committed by an older version that did not store them)."""
+
+    step: int
+    epoch: int
+    positions: dict[str, int] | None
+
+
+def read_home(queue: Queue, processor: Processor, dt: DeltaTable | None = None) -> HomeState:
+    dt = dt or queue.refresh()
+    pid = processor.id
+    step = _version(dt, proc_app_id(pid))
+    epoch = _version(dt, epoch_app_id(pid))
+    positions: dict[str, int] | None = {}
+    for binding in processor.inputs:
+        v = _version(dt, pos_app_id(pid, binding))
+        if v is None:
+            positions = None
+            break
+        positions[binding] = v  # type: ignore[index]
+    return HomeState(-1 if step is None else step, -1 if epoch is None else epoch, positions)
+
+
+def fence_home(queue: Queue, processor_id: str, epoch: int) -> int | None:
+    """Commit ``epoch:{p} = epoch`` to the home queue (an empty commit) and return None, or return
+    the home's epoch when another instance already holds ``epoch`` or a newer one (the caller
+    starts its fencing again above it)."""
+    app = epoch_app_id(processor_id)
+    for _ in range(FENCE_ATTEMPTS):
+        dt = queue.refresh()
+        before = _version(dt, app)
+        if before is not None and before >= epoch:
+            return before
+        try:
+            with queue._lock:
+                write_deltalake(dt, queue.table_schema.empty_table(), mode="append",
+                                commit_properties=CommitProperties(
+                                    app_transactions=[Transaction(app, epoch)],
+                                    custom_metadata={"cues.queue": queue.name,
+                                                     "cues.processor": processor_id,
+                                                     "cues.epoch": str(epoch)}))
+            return None
+        except CommitFailedError:
+            continue
+    raise ProcessorFencedError(f"processor {processor_id!r}: could not fence home queue "
+                               f"{queue.name!r}; another instance keeps starting",
+                               processor=processor_id, epoch=epoch)
+
+
+def commit_step(queue: Queue, snapshot: Snapshot, tables: Mapping[str, Any], *, epoch: int,
+                outcome: RecordType, rows: Mapping[str, Mapping[str, int]], is_record: bool,
+                message_type: str = "message") -> AppendResult:
+    """The step's home commit: ``{partition: table}`` (possibly none) with the app transactions of
+    the module docstring, unless the home already has this step (then a no-op: only this epoch
+    can have written it, so it is this instance's own commit whose acknowledgement was lost).
+
+    ``is_record``: the commit is the step's only record (one-commit path); otherwise the backing
+    queue's attempt is, and this commit closes it (it is made after every other output queue)."""
+    pid, step = snapshot.processor, snapshot.step
+
+    def guard(dt: DeltaTable) -> AppendResult | None:
+        current = _version(dt, epoch_app_id(pid))
+        if current != epoch:
+            raise ProcessorFencedError(
+                f"processor {pid!r}: epoch {epoch} was fenced by a newer instance (epoch "
+                f"{current}) in home queue {queue.name!r}; this instance stops without "
+                f"delivering step {step}", processor=pid, epoch=epoch, newest=current, step=step)
+        done = _version(dt, proc_app_id(pid))
+        if done is not None and done >= step:
+            return AppendResult(queue=queue.name, ranges={}, duplicate=True)
+        return None
+
+    txns = [(proc_app_id(pid), step), (epoch_app_id(pid), epoch)]
+    txns += [(pos_app_id(pid, b), r.end) for b, r in sorted(snapshot.inputs.items())]
+    metadata = {"cues.processor": pid, "cues.step": str(step), "cues.epoch": str(epoch),
+                "cues.outcome": outcome.value, STEP_RECORD_KEY: "commit" if is_record else "backing"}
+    if is_record:
+        metadata["cues.snapshot"] = snapshot.to_json()
+        metadata["cues.rows"] = json.dumps({q: dict(p) for q, p in rows.items()}, sort_keys=True)
+    return append_batches(queue, tables, guards=[guard], prepared=True, allow_empty=True,
+                          app_transactions=txns, delivery_hash=snapshot.delivery_hash,
+                          message_type=message_type, commit_metadata=metadata)
+
+
+def outcome_type(*, error: bool, rows: Iterable[Any]) -> RecordType:
+    if error:
+        return RecordType.ATTEMPT_ERROR
+    return RecordType.ATTEMPT_OUTPUT if any(True for _ in rows) else RecordType.ATTEMPT_NIL
