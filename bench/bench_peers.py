@@ -25,8 +25,8 @@ status tracker): per run, and for cues per step (a new group at each step's ``be
 
 Separately in the same run: the protocol's own work per step (exactly_once, tiny steps, measured
 with the step hooks) next to one small delta-rs commit; recovery after 10 and after
-``--recovery-steps`` backing records, maintained as the stepper maintains them (the real one-hour
-retention, not forced to 0). The paced-postings latency (p99) is measured by
+``--recovery-steps`` one-commit steps, the home queue maintained as a deployment maintains it
+(the default retention, not forced to 0). The paced-postings latency (p99) is measured by
 ``bench/bench_participants.py``; this script reads it from that benchmark's JSON (``--postings-json``)
 and records where it came from.
 """
@@ -325,7 +325,7 @@ def small_commit_s(root: Path, n: int) -> float:
 def protocol_work(spark: Any, root: Path, steps: int, batch: int = 100) -> dict:
     """exactly_once at ``batch`` rows per step: per step, the time outside the read, the function
     and its materialization: (before_snapshot -> after_snapshot) + (after_prepare -> after_commit):
-    the snapshot record, staging, the attempt record and the output commit."""
+    planning the ranges and the step's one home commit (rows, positions, snapshot metadata)."""
     marks: list[tuple[str, float]] = []
     lake = Lake(root=str(root / "protocol"))
     g = cues_graph(Strategy.EXACTLY_ONCE, batch, fx=spark.createDataFrame(
@@ -349,11 +349,12 @@ def protocol_work(spark: Any, root: Path, steps: int, batch: int = 100) -> dict:
 
 # -- recovery at the real retention ----------------------------------------------------------------
 def recovery(spark: Any, root: Path, histories: list[int], runs: int = 7) -> dict:
-    """Recovery after ``n`` backing records, the backing queue maintained as the stepper does
-    (``BackingQueue.maintain``: the real one-hour log and tombstone retention, not forced to 0)."""
+    """Recovery after ``n`` one-commit steps of a map, its home queue maintained as a deployment
+    maintains it (``cues queue maintain``: compaction, checkpoint, vacuum at the default
+    retention, not forced to 0)."""
     from bench_processors import build_history, graph, time_recovery
 
-    from cues_platform.processing.backing import BackingQueue
+    from cues_platform.queues import maintenance
 
     out: dict[str, Any] = {}
     for n in histories:
@@ -362,7 +363,7 @@ def recovery(spark: Any, root: Path, histories: list[int], runs: int = 7) -> dic
         g = graph(Strategy.EXACTLY_ONCE, 10)
         create_queues(g, lake)
         build_history(lake, g, n)
-        BackingQueue(Lake(root=str(lake_root)), "convert").maintain()
+        maintenance.maintain(Lake(root=str(lake_root)).queue("converted"))
         out[str(n)] = {"records": n, "recover_s_median": round(time_recovery(spark, str(lake_root), g, n, runs), 5)}
         print("recovery", out[str(n)], flush=True)
         shutil.rmtree(lake_root, ignore_errors=True)

@@ -41,10 +41,8 @@ from cues_platform.processing import (  # noqa: E402
     Strategy,
 )
 from cues_platform.processing.backing import (  # noqa: E402
-    BACKING_ROW_GROUP_ROWS,
     BackingQueue,
     Range,
-    Record,
     RecordType,
     Snapshot,
 )
@@ -157,7 +155,8 @@ def protocol_overhead(spark, steps: int) -> dict:
             current[point] = t
             if point == "after_commit":
                 c = current
-                per_step.append((c["after_snapshot"] - c["before_snapshot"]) + (c["after_attempt"] - c["after_prepare"]))
+                # one-commit steps: planning + the home commit (no snapshot or attempt record)
+                per_step.append((c["after_snapshot"] - c["before_snapshot"]) + (c["after_commit"] - c["after_prepare"]))
                 step_times.append(c["after_commit"] - c["before_snapshot"])
         return {"steps": len(per_step), "backing_records_ms_p50": percentile(per_step, 50) * 1000,
                 "backing_records_ms_p99": percentile(per_step, 99) * 1000,
@@ -167,26 +166,34 @@ def protocol_overhead(spark, steps: int) -> dict:
 
 
 def build_history(lake: Lake, g: Graph, n: int) -> None:
-    """A backing queue of ``convert`` holding ``n`` records, one Delta commit each, as ``n`` steps
-    leave it: a real fence and real first and last appends; records 1..n-2 are written by
-    ``bench_queues.build_commits_fast`` (same files and log entries as ``append``, without its
-    per-commit cost that grows with the table: 10,000 real commits take most of an hour)."""
+    """``convert`` with ``n`` delivered one-commit steps, as ``n`` steps leave it: its home queue
+    ``converted`` holds ``n`` step commits of one row each (app transactions ``proc``, ``pos``,
+    ``epoch`` and the snapshot metadata), after a real fence. Steps 0 and n-1 are real
+    :func:`commit_step` calls; steps 1..n-2 are written by ``bench_queues.build_commits_fast``
+    (same files and log entries as the first, without the per-commit cost that grows with the
+    table: 10,000 real commits take most of an hour); the last real commit sets every app
+    transaction to step n-1's values, as a real run does. The backing queue holds no record (a
+    map's steps write none), only its epoch fence."""
     from bench_queues import build_commits_fast
 
+    from cues_platform.processing.home import commit_step, fence_home
     from cues_platform.queues import maintenance
 
-    backing = BackingQueue(lake, "convert")
-    epoch = backing.fence()
+    epoch = BackingQueue(lake, "convert").fence()
+    home = lake.queue("converted")
+    assert fence_home(home, "convert", epoch) is None
 
-    def record(step: int) -> Record:
-        snap = Snapshot("convert", step, {"orders": Range("orders", "0", step * 10, step * 10 + 10)})
-        return Record(RecordType.ATTEMPT_NIL, snap, epoch)
+    def step(i: int) -> None:
+        snap = Snapshot("convert", i, {"orders": Range("orders", "0", i * 10, i * 10 + 10)})
+        row = pa.table({"id": pa.array([i], pa.int64()), "amount": pa.array([1.0])})
+        commit_step(home, snap, {"0": row}, epoch=epoch, outcome=RecordType.ATTEMPT_OUTPUT,
+                    rows={"converted": {"0": 1}}, is_record=True)
 
-    backing.append(record(0))
+    step(0)
     if n > 2:
-        build_commits_fast(backing.queue, n - 1, 1, template_version=backing.queue.version())
-    maintenance.checkpoint(backing.queue)  # what delta-rs does by itself every 100 commits
-    BackingQueue(lake, "convert").append(record(n - 1))
+        build_commits_fast(home, n - 1, 1, template_version=home.version())
+    maintenance.checkpoint(home)  # what delta-rs does by itself every 100 commits
+    step(n - 1)
 
 
 def time_recovery(spark, root: str, g: Graph, n: int, runs: int) -> float:
@@ -196,6 +203,7 @@ def time_recovery(spark, root: str, g: Graph, n: int, runs: int) -> float:
         t = time.perf_counter()
         stepper = ExactlyOnceStepper(graph=g, processor=g.processors["convert"], lake=fresh, spark=spark)
         stepper.recover()
+        assert stepper.positions == {"orders": n * 10}, stepper.positions
         times.append(time.perf_counter() - t)
         assert stepper.next_step == n, (stepper.next_step, n)
     return median(times)
@@ -221,12 +229,11 @@ def recovery_time(spark, histories: list[int], runs: int) -> dict:
             # A deployment's history is mostly older than the backing queue's log and tombstone
             # retention (BACKING_RETENTION, 1 hour); this fresh one is seconds old, so emulate
             # its age by setting both retentions to 0 before the maintenance the stepper runs.
-            aged = BackingQueue(Lake(root=root), "convert").queue
+            aged = Lake(root=root).queue("converted")  # the home queue: where recovery reads
             aged.refresh().alter.set_table_properties(
                 {"delta.logRetentionDuration": "interval 0 hours",
                  "delta.deletedFileRetentionDuration": "interval 0 hours"})
-            maintenance.maintain(aged, retention_hours=0, unsafe_allow_short_retention=True,
-                                 row_group_rows=BACKING_ROW_GROUP_ROWS)
+            maintenance.maintain(aged, retention_hours=0, unsafe_allow_short_retention=True)
             maintained = time_recovery(spark, root, g, n, runs)
             out[str(n)] = {"records": n, "recover_s_median": raw, "recover_maintained_s_median": maintained,
                            "runs": runs, "build_s": build_s}

@@ -20,6 +20,7 @@ from cues_platform.audit.errors import AuditError
 from cues_platform.audit.failures import platform_error_checks
 from cues_platform.audit.once import count_checks, delivered_steps, transaction_checks
 from cues_platform.audit.report import (
+    MALFORMED_RECORD,
     MISSING_QUEUE,
     AuditReport,
     InputLag,
@@ -32,6 +33,7 @@ from cues_platform.audit.sequence import Steps, alts_violations, arrange
 from cues_platform.audit.storage import STORAGE_ERRORS, check_table, unreadable_violation
 from cues_platform.processing.backing import Record
 from cues_platform.processing.graph import Graph, Strategy
+from cues_platform.processing.history import BadCommit, commit_records, merge
 from cues_platform.queues import Lake, Queue
 from cues_platform.queues.names import join_uri
 
@@ -83,6 +85,23 @@ def audit(lake: Lake, *, graph: Graph | None = None) -> AuditReport:
             backings[pid] = read_backing(lake, pid, q)
         except STORAGE_ERRORS as exc:
             violations.append(unreadable_violation(exc, table=f"backing/{pid}", uri=q.uri, processor=pid))
+    # The one-commit steps: their records are commit metadata in the queues' logs.
+    seen_versions: dict[str, int] = {}
+    for name, q in sorted(queues.items()):
+        try:
+            seen_versions[name] = q.refresh().version()  # before: a newer commit is read as late
+            found, bad_commits = commit_records(q)
+        except STORAGE_ERRORS as exc:
+            violations.append(unreadable_violation(exc, table=name, uri=q.uri))
+            continue
+        violations += [malformed_commit(b) for b in bad_commits]
+        for pid, recs in found.items():
+            if pid in backings:
+                b = backings[pid]
+                b.records = merge(b.records, recs)
+            else:
+                notes.append(f"{len(recs)} step commit(s) of processor {pid!r} in {name}, which has "
+                             "no backing queue: not audited")
     steps: dict[str, Steps] = {}
     known: dict[str, Known] = {}  # hash -> attempt
     snapshot_only: dict[str, Record] = {}  # hash -> trailing snapshot without an attempt
@@ -124,6 +143,15 @@ def audit(lake: Lake, *, graph: Graph | None = None) -> AuditReport:
             continue
         for rec in parse_records(pid, table)[0]:
             if rec.is_attempt:
+                late.setdefault(rec.hash, Known(pid, rec))
+    for name, since in seen_versions.items():
+        try:
+            found, _ = commit_records(queues[name], since=since)
+        except STORAGE_ERRORS as exc:
+            violations.append(unreadable_violation(exc, table=name, uri=queues[name].uri))
+            continue
+        for pid, recs in found.items():
+            for rec in recs:
                 late.setdefault(rec.hash, Known(pid, rec))
 
     # Step 3: every queue that an attempt names exists.
@@ -219,3 +247,12 @@ def graph_notes(graph: Graph, backings: Mapping[str, Backing]) -> list[str]:
             f"backing queue of processor {pid!r}, which graph {graph.name!r} does not declare"
         )
     return notes
+
+
+def malformed_commit(bad: BadCommit) -> Violation:
+    return Violation(
+        MALFORMED_RECORD,
+        f"commit {bad.version} of {bad.queue} claims to be the step record of processor "
+        f"{bad.processor!r} but {bad.problem}",
+        processor=bad.processor, queue=bad.queue,
+    )

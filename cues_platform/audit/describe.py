@@ -1,4 +1,5 @@
-"""A processor's backing queue in words (``cues backing show``)."""
+"""A processor's step history in words (``cues backing show``): its backing records and the
+one-commit steps read back from its home queue's log."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from cues_platform.audit.discovery import backing_folders, backing_uri, check_la
 from cues_platform.audit.errors import NoSuchProcessorError
 from cues_platform.audit.storage import STORAGE_ERRORS, open_checked, unreadable_error
 from cues_platform.processing.backing import Record, RecordType
+from cues_platform.processing.history import commit_records, merge
 from cues_platform.processing.outputs import proc_app_id
 from cues_platform.queues import Lake
 from cues_platform.queues.errors import QueueError
@@ -32,8 +34,14 @@ def describe_backing(lake: Lake, processor: str, *, last: int | None = 20) -> li
         b = read_backing(lake, processor, queue)
     except STORAGE_ERRORS as exc:
         raise unreadable_error(exc, table=f"backing/{processor}", uri=uri) from exc
+    commits: list[Record] = []
+    for name in lake.list_queues():
+        try:
+            commits += commit_records(lake.queue(name), processor=processor)[0].get(processor, [])
+        except STORAGE_ERRORS as exc:
+            raise unreadable_error(exc, table=name, uri=lake.queue_uri(name)) from exc
     by_step: dict[int, list[Record]] = defaultdict(list)
-    for rec in b.records:
+    for rec in merge(b.records, commits):
         by_step[rec.step].append(rec)
     shown = sorted(by_step)[-last:] if last else sorted(by_step)
     versions: dict[str, int | None] = {}
@@ -53,7 +61,7 @@ def describe_backing(lake: Lake, processor: str, *, last: int | None = 20) -> li
 
     lines = [
         f"backing queue of {processor} at {b.queue.uri}: {len(b.records)} record(s), "
-        f"{len(by_step)} step(s), epoch {b.epoch}"
+        f"{len(commits)} one-commit step(s), {len(by_step)} step(s), epoch {b.epoch}"
         + (f" (showing the last {len(shown)})" if len(shown) < len(by_step) else "")
     ]
     for step in shown:
@@ -68,13 +76,14 @@ def describe_backing(lake: Lake, processor: str, *, last: int | None = 20) -> li
         )
         alts = f" (alts: {snap.alts})" if snap.alts else ""
         kinds = [r for r in recs if r.type is RecordType.SNAPSHOT]
-        head = f"step {step}: {'snapshot' if kinds else 'no snapshot record'} of {reads}{alts} — hash {snap.delivery_hash[:8]}…"
+        head = f"step {step}: {'snapshot of' if kinds else 'reads'} {reads}{alts} — hash {snap.delivery_hash[:8]}…"
         parts = []
         for rec in (r for r in recs if r.is_attempt):
             outcome = outcome_of(rec)
             out = record_rows(rec)
+            what = "attempt" if rec.version is None else f"one commit (version {rec.version})"
             if rec.type is RecordType.ATTEMPT_NIL or not out:
-                parts.append("attempt: nil (no output)")
+                parts.append(f"{what}: nil (no output)")
                 continue
             targets = ", ".join(
                 f"{n if n >= 0 else '?'} row{'s' if n != 1 else ''} to {q}/{p} ({committed(q, step)})"
@@ -82,7 +91,7 @@ def describe_backing(lake: Lake, processor: str, *, last: int | None = 20) -> li
                 for p, n in sorted(ps.items())
             )
             err = f" {rec.error!r}" if rec.error else ""
-            parts.append(f"attempt: {outcome}{err} {targets}")
+            parts.append(f"{what}: {outcome}{err} {targets}")
         if not parts:
             parts.append("no attempt yet (pending: retried on the next start)")
         lines.append(head + "; " + "; ".join(parts))

@@ -139,10 +139,11 @@ def transaction_checks(
             k = known.get(h)
             if k is not None and name in record_rows(k.record):
                 top[k.processor] = max(top.get(k.processor, -1), k.record.step)
+        # Every step commits its home queue (rows or empty), so the app transaction may name any
+        # recorded step of the processor, not only one with rows in this queue.
         named: dict[str, int] = {}
         for k in [*known.values(), *late.values()]:
-            if name in record_rows(k.record):
-                named[k.processor] = max(named.get(k.processor, -1), k.record.step)
+            named[k.processor] = max(named.get(k.processor, -1), k.record.step)
         for pid, version in sorted(qr.versions.items()):
             highest = top.get(pid)
             if highest is not None and (version is None or version < highest):
@@ -156,7 +157,7 @@ def transaction_checks(
                 bad.append(Violation(
                     APP_TRANSACTION,
                     f"{name}'s app transaction {proc_app_id(pid)} is {version}, but {pid!r} has "
-                    f"no attempt of step {version} or later that writes {name}",
+                    f"no attempt of step {version} or later",
                     processor=pid, queue=name, step=int(version),
                 ))  # fmt: skip
     return bad

@@ -1,6 +1,8 @@
-"""Step 4 of the audit: the backing queue itself. Steps are numbered 0, 1, 2, ... each with one
-snapshot then one attempt of the same hash ([step_sequence]); alts snapshots read only the chosen
-binding ([alts_not_empty])."""
+"""Step 4 of the audit: the step history itself (backing records merged with the one-commit steps'
+home commits). Steps are numbered 0, 1, 2, ... each with one attempt, preceded by a snapshot of
+the same hash where one was recorded (a sink; older versions); an attempt without a snapshot
+(the snapshot folded into it, or a home commit) must be the next step ([step_sequence]); alts
+snapshots read only the chosen binding ([alts_not_empty])."""
 
 from __future__ import annotations
 
@@ -48,14 +50,20 @@ def arrange(processor: str, records: list[Record]) -> Steps:
         if rec.step in attempts:
             bad.append(Violation(
                 STEP_SEQUENCE,
-                f"step {rec.step} has a second attempt (backing offsets "
-                f"{attempts[rec.step].offset} and {rec.offset}); only the first counts",
+                f"step {rec.step} has a second attempt ({where(attempts[rec.step])} and "
+                f"{where(rec)}); only the first counts",
                 processor=processor, step=rec.step, hash=rec.hash,
             ))  # fmt: skip
-        elif open_snapshot is None or open_snapshot.hash != rec.hash:
+        elif open_snapshot is None and rec.step != next_step:
             bad.append(Violation(
                 STEP_SEQUENCE,
-                f"attempt at backing offset {rec.offset} (step {rec.step}) does not follow a "
+                f"attempt {where(rec)} is step {rec.step}; the next step should be {next_step}",
+                processor=processor, step=rec.step, hash=rec.hash,
+            ))  # fmt: skip
+        elif open_snapshot is not None and open_snapshot.hash != rec.hash:
+            bad.append(Violation(
+                STEP_SEQUENCE,
+                f"attempt {where(rec)} (step {rec.step}) does not follow a "
                 "snapshot of the same step and hash",
                 processor=processor, step=rec.step, hash=rec.hash,
             ))  # fmt: skip
@@ -64,6 +72,12 @@ def arrange(processor: str, records: list[Record]) -> Steps:
         open_snapshot = None
         next_step = max(next_step, rec.step + 1)
     return Steps(attempts, open_snapshot, bad)
+
+
+def where(rec: Record) -> str:
+    if rec.version is not None:
+        return f"in home commit {rec.version}"
+    return f"at backing offset {rec.offset}"
 
 
 def alts_violations(processor: str, snapshot: Snapshot) -> list[Violation]:

@@ -59,6 +59,9 @@ class Out:
 @dataclass(frozen=True)
 class Options:
     batch_size: int = 10_000
+    # a processor more than 10 x batch_size behind reads up to this many offsets per step
+    # (processing/batching.py); set it to batch_size for fixed-size steps
+    max_batch_size: int = 1_000_000
     poll_interval: float = 0.5
     strategy: Strategy = Strategy.EXACTLY_ONCE
     backing_maintenance_every: int = 1_000  # steps between backing-queue compactions; 0: never
@@ -215,6 +218,10 @@ def validate_graph(graph: Graph) -> None:
             raise GraphError(f"{where}: error queue {err!r} is not a declared queue", processor=p.id)
         if p.options.batch_size < 1:
             raise GraphError(f"{where}: batch_size must be >= 1", processor=p.id)
+        if p.options.max_batch_size < p.options.batch_size:
+            raise GraphError(f"{where}: max_batch_size ({p.options.max_batch_size:,}) must be >= "
+                             f"batch_size ({p.options.batch_size:,}); set it to batch_size for "
+                             "fixed-size steps", processor=p.id)
         if p.options.backing_maintenance_every < 0:
             raise GraphError(f"{where}: backing_maintenance_every must be >= 0 (0: never)",
                              processor=p.id)

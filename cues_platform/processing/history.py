@@ -18,9 +18,9 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from cues_platform.processing.backing import Record, RecordType, Snapshot
+from cues_platform.processing.backing import BackingQueue, Record, RecordType, Snapshot
 from cues_platform.processing.home import STEP_RECORD_KEY
-from cues_platform.queues import Queue
+from cues_platform.queues import Lake, Queue
 
 _TYPES = {"attempt_output", "attempt_error", "attempt_nil"}
 
@@ -95,3 +95,9 @@ def step_history(backing: Iterable[Record], queues: Iterable[Queue], processor: 
         commits += commit_records(q, processor=processor)[0].get(processor, [])
     return merge(backing, commits)
 
+
+
+def processor_history(lake: Lake, processor: str) -> list[Record]:
+    """The whole step history of ``processor`` in ``lake`` (its backing queue and every queue)."""
+    backing = BackingQueue(lake, processor).records()
+    return step_history(backing, [lake.queue(q) for q in lake.list_queues()], processor)

@@ -114,16 +114,10 @@ def fence_home(queue: Queue, processor_id: str, epoch: int) -> int | None:
                                processor=processor_id, epoch=epoch)
 
 
-def commit_step(queue: Queue, snapshot: Snapshot, tables: Mapping[str, Any], *, epoch: int,
-                outcome: RecordType, rows: Mapping[str, Mapping[str, int]], is_record: bool,
-                message_type: str = "message") -> AppendResult:
-    """The step's home commit: ``{partition: table}`` (possibly none) with the app transactions of
-    the module docstring, unless the home already has this step (then a no-op: only this epoch
-    can have written it, so it is this instance's own commit whose acknowledgement was lost).
-
-    ``is_record``: the commit is the step's only record (one-commit path); otherwise the backing
-    queue's attempt is, and this commit closes it (it is made after every other output queue)."""
-    pid, step = snapshot.processor, snapshot.step
+def home_guard(queue: Queue, pid: str, *, epoch: int, step: int):  # noqa: ANN201 - a Guard
+    """The home commit's check on a fresh snapshot: raises :class:`ProcessorFencedError` when the
+    home's epoch is not ``epoch``; returns a duplicate result when the home already has ``step``
+    (only this epoch can have written it: its own commit, whose acknowledgement was lost)."""
 
     def guard(dt: DeltaTable) -> AppendResult | None:
         current = _version(dt, epoch_app_id(pid))
@@ -137,6 +131,20 @@ def commit_step(queue: Queue, snapshot: Snapshot, tables: Mapping[str, Any], *, 
             return AppendResult(queue=queue.name, ranges={}, duplicate=True)
         return None
 
+    return guard
+
+
+def commit_step(queue: Queue, snapshot: Snapshot, tables: Mapping[str, Any], *, epoch: int,
+                outcome: RecordType, rows: Mapping[str, Mapping[str, int]], is_record: bool,
+                message_type: str = "message") -> AppendResult:
+    """The step's home commit: ``{partition: table}`` (possibly none) with the app transactions of
+    the module docstring, unless the home already has this step (then a no-op: only this epoch
+    can have written it, so it is this instance's own commit whose acknowledgement was lost).
+
+    ``is_record``: the commit is the step's only record (one-commit path); otherwise the backing
+    queue's attempt is, and this commit closes it (it is made after every other output queue)."""
+    pid, step = snapshot.processor, snapshot.step
+    guard = home_guard(queue, pid, epoch=epoch, step=step)
     txns = [(proc_app_id(pid), step), (epoch_app_id(pid), epoch)]
     txns += [(pos_app_id(pid, b), r.end) for b, r in sorted(snapshot.inputs.items())]
     metadata = {"cues.processor": pid, "cues.step": str(step), "cues.epoch": str(epoch),

@@ -74,6 +74,7 @@ from typing import Any
 import pyarrow as pa
 
 from cues_platform.processing.backing import BackingQueue, Range, Record, RecordType, Snapshot
+from cues_platform.processing.batching import step_size
 from cues_platform.processing.context import StepContext
 from cues_platform.processing.contracts import split_by_contract
 from cues_platform.processing.errors import (
@@ -84,7 +85,7 @@ from cues_platform.processing.errors import (
 )
 from cues_platform.processing.failures import Origin, Phase, origin_of, qualified_name
 from cues_platform.processing.graph import Graph, Kind, Processor
-from cues_platform.processing.home import commit_step, fence_home, home_of, read_home
+from cues_platform.processing.home import commit_step, fence_home, home_guard, home_of, read_home
 from cues_platform.processing.outputs import (
     commit_staged,
     conformed,
@@ -164,11 +165,13 @@ class StepBase:
 
     def plan_snapshot(self) -> Snapshot | None:
         """Ranges for the next step from the current positions, or None when there is no work."""
-        batch = self.processor.options.batch_size
         ranges = {}
         for binding, src in self.processor.inputs.items():
             start = self.positions[binding]
-            plan = plan_read(self.queues[src.queue], partition=src.partition, start=start, end=start + batch)
+            queue = self.queues[src.queue]
+            size = step_size(self.processor.options, start=start,
+                             available=queue.next_offset(src.partition))
+            plan = plan_read(queue, partition=src.partition, start=start, end=start + size)
             ranges[binding] = Range(src.queue, src.partition, start, plan.end)
         alts = None
         if self.processor.kind is Kind.ALTS:
@@ -351,9 +354,12 @@ class ExactlyOnceStepper(StepBase):
                     commit_staged(self.lake, queue, snapshot, parts, message_type=message_type)
             if self.home is not None:
                 self.hook("between_commits")
-        if self.home is not None:
-            with self._staged(snapshot, self.home):
-                tables = read_staged(files[self.home]) if self.home in files else {}
+        home = self.queues[self.home] if self.home is not None else None
+        if home is not None and home_guard(home, self.processor.id, epoch=self.epoch,
+                                           step=snapshot.step)(home.refresh()) is None:
+            # (checked first: a fenced instance, or a step already closed, reads no staged file)
+            with self._staged(snapshot, home.name):
+                tables = read_staged(files[home.name]) if home.name in files else {}
             commit_step(self.queues[self.home], snapshot, tables, epoch=self.epoch,
                         outcome=attempt.type, rows=counts, is_record=False, message_type=message_type)
         remove_staging(self.lake, snapshot)

@@ -9,6 +9,7 @@ import pyarrow as pa
 
 from cues_platform.audit import AuditReport
 from cues_platform.processing import BackingQueue, Graph, Range, Record, RecordType
+from cues_platform.processing.history import processor_history
 from cues_platform.processing.runner import create_queues
 from cues_platform.processing.step import Snapshot
 from cues_platform.queues import Lake
@@ -80,7 +81,8 @@ def seed(graph: Graph, lake: Lake, count: int = ORDERS) -> None:
 
 
 def attempts(lake: Lake, processor: str) -> list[Record]:
-    return [r for r in BackingQueue(lake, processor).records() if r.is_attempt]
+    """Every step's attempt (backing records and one-commit steps' home commits)."""
+    return [r for r in processor_history(lake, processor) if r.is_attempt]
 
 
 def append_step(
@@ -96,7 +98,7 @@ def append_step(
     """Append what a buggy processor would: the next step's snapshot and (by default) attempt."""
     backing = BackingQueue(lake, processor)
     epoch = backing.epoch()
-    step = backing.last_record().step + 1
+    step = processor_history(lake, processor)[-1].step + 1
     snapshot = Snapshot(processor, step, inputs, alts)
     backing.append(Record(RecordType.SNAPSHOT, snapshot, epoch))
     if attempt:

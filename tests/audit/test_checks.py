@@ -177,13 +177,14 @@ def test_describe_backing_in_words(clean_lake: Path) -> None:
     first = attempts(lake, "enrich")[0]
     lines = describe_backing(lake, "enrich", last=None)
     assert lines[0].startswith("backing queue of enrich") and "3 step(s)" in lines[0]
+    assert "1 record(s), 2 one-commit step(s)" in lines[0]  # step 2 (error) has an attempt
     assert lines[1] == (
-        f"step 0: snapshot of orders/0 [0, 10) — hash {first.hash[:8]}…; "
-        "attempt: output 10 rows to enriched/0 (committed)"
+        f"step 0: reads orders/0 [0, 10) — hash {first.hash[:8]}…; "
+        f"one commit (version {first.version}): output 10 rows to enriched/0 (committed)"
     )
     assert "attempt: error 'ValueError: bad batch' 1 row to errors/0 (committed)" in lines[3]
     assert len(describe_backing(lake, "split", last=2)) == 3
-    assert any("attempt: nil" in line for line in describe_backing(lake, "split", last=None))
+    assert any(": nil (no output)" in line for line in describe_backing(lake, "split", last=None))
     with pytest.raises(NoSuchProcessorError, match="enrich, split"):
         describe_backing(lake, "nope")
 

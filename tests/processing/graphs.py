@@ -38,7 +38,6 @@ from pyspark.sql import functions as F
 
 from cues_platform.processing import (
     ERROR_SCHEMA,
-    BackingQueue,
     Graph,
     In,
     Kind,
@@ -50,7 +49,7 @@ from cues_platform.processing import (
     SimulatedCrash,
     Strategy,
 )
-from cues_platform.processing.history import step_history
+from cues_platform.processing.history import processor_history
 from cues_platform.queues import Lake
 from tests.support import PAYLOAD, rows
 
@@ -140,7 +139,8 @@ def build_graph(kind: str, outcome: str = "output", *, batch: int = BATCH, error
         outputs = {"left": Out("b"), "right": Out("d")}
     if kind == "sink":
         outputs = {}
-    proc = Processor(PID, k, fn, inputs, outputs, options=Options(batch_size=batch, strategy=strategy))
+    proc = Processor(PID, k, fn, inputs, outputs,
+                     options=Options(batch_size=batch, max_batch_size=batch, strategy=strategy))
     return Graph.build(name=name, queues=queues, processors=[proc],
                        error_queue="errors" if error_queue else None)
 
@@ -205,8 +205,7 @@ def check_backing(lake: Lake, pid: str = PID, *, kind: str | None = None) -> dic
     attempt per step 0..k, in order, and ends with a delivered attempt. A sink records
     [snapshot, attempt] per step (a retry reuses its snapshot); other kinds record no snapshot
     (it is folded into the attempt or the home commit). Returns step -> attempt."""
-    backing = BackingQueue(lake, pid).records()
-    records = step_history(backing, [lake.queue(q) for q in lake.list_queues()], pid)
+    records = processor_history(lake, pid)
     assert records, "no step records"
     assert records[-1].is_attempt, f"last record is {records[-1].type}, not an attempt"
     attempts = [r for r in records if r.is_attempt]
@@ -334,7 +333,7 @@ def build_soak_graph(batch: int) -> Graph:
         write_delta_once(ctx, table_uri=sink_uri(ctx.lake), data=src.select("id").toArrow(),
                          hash_column="hash")
 
-    opts = Options(batch_size=batch)
+    opts = Options(batch_size=batch, max_batch_size=batch)  # fixed-size steps: many kill points
     return Graph.build(
         name="soak",
         queues=[QueueDef(q, PAYLOAD) for q in ("a", "b", "c", "d")] + [QueueDef("errors", ERROR_SCHEMA)],
@@ -357,11 +356,23 @@ print("DONE", flush=True)
 """
 
 
+SOAK_HOMES = {"m": "b", "f": "c"}  # each processor's home queue (its first output); s has none
+
+
 def backing_progress(lake: Lake, pids: tuple[str, ...] = SOAK_PIDS) -> int:
-    """How many backing records all processors have written (a cheap progress gauge)."""
+    """A cheap progress gauge: backing records written (a fork's attempts, a sink's snapshots and
+    attempts) plus steps delivered to the home queues (``proc:{p}`` + 1). When every step of the
+    soak graph is done it is ``SOAK_UNITS_PER_STEP`` per step."""
     total = 0
     for pid in pids:
         uri = lake.system_uri("backing", pid)
         if lake.local_path(uri).joinpath("_delta_log").exists():
             total += lake.queue(pid, uri=uri).next_offset("0")
+        home = SOAK_HOMES.get(pid)
+        if home is not None and lake.has_queue(home):
+            version = lake.queue(home).refresh().transaction_version(f"proc:{pid}")
+            total += 0 if version is None else int(version) + 1
     return total
+
+
+SOAK_UNITS_PER_STEP = 1 + 2 + 2  # m: its home commit; f: attempt + home commit; s: snapshot + attempt

@@ -45,6 +45,7 @@ from tests.processing.graphs import (
 )
 from tests.support import ROOT
 
+
 def one_commit(kind: str, outcome: str) -> bool:
     """Whether step 1 takes the one-commit path: every row (or none) goes to the home queue b."""
     return kind != "sink" and (outcome == "nil" or (outcome == "output" and kind != "fork"))

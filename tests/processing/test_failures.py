@@ -14,9 +14,10 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType
 
-from cues_platform.processing import BackingQueue, GraphRunner, RecordType, Strategy
+from cues_platform.processing import BackingQueue, GraphRunner, Strategy
 from cues_platform.processing.errors import PlatformStepError
 from cues_platform.processing.failures import Origin, origin_of_exception_type
+from cues_platform.processing.home import read_home
 from cues_platform.queues import Lake
 from tests.processing.graphs import PID, build_graph, check_exact, ids_of, load_inputs
 from tests.support import ROOT
@@ -75,9 +76,9 @@ def test_missing_input_file_is_a_platform_failure_retried_with_the_same_hash(spa
     if point == "after_read":  # Spark could not convert the Java error: Py4J's, never the user's
         assert origin_of_exception_type(failed.cause_type) is Origin.PLATFORM, failed.cause_type
     assert error_rows(lake) == [] and ids_of(lake, "b") == []
-    if strategy is Strategy.EXACTLY_ONCE:
-        last = BackingQueue(lake, PID).last_record()
-        assert last.type is RecordType.SNAPSHOT and last.hash == failed.delivery_hash
+    if strategy is Strategy.EXACTLY_ONCE:  # nothing recorded: the restart plans from position 0
+        assert BackingQueue(lake, PID).last_record() is None
+        assert read_home(lake.queue("b"), graph.processors[PID]).step == -1
     hook.restore()
     stats = GraphRunner(graph=graph, lake=lake, spark=spark).run_until_idle()
     first = stats[PID].results[0]
@@ -197,7 +198,8 @@ def test_spark_jvm_dying_mid_step_is_a_platform_failure(spark, tmp_path):
     assert cause.startswith("py4j.") or cause == "builtins.ConnectionRefusedError", cause
     lake = Lake(root=str(root))
     assert lake.queue("errors").read_arrow(partition="0").num_rows == 0
-    last = BackingQueue(lake, PID).last_record()
-    assert last.type is RecordType.SNAPSHOT and last.step == 1
+    last = BackingQueue(lake, PID).last_record()  # step 1 recorded nothing: step 0 is the last
+    assert last.is_attempt and last.step == 0
+    assert read_home(lake.queue("b"), build_graph("fork").processors[PID]).step == 0
     GraphRunner(graph=build_graph("fork"), lake=lake, spark=spark).run_until_idle()
     check_exact(lake, "fork", "output")

@@ -1,6 +1,7 @@
 """Fencing: two instances of one processor. Starting the newer one (its recovery commits a higher
-epoch to the backing queue) makes the older one's next backing write raise ProcessorFencedError,
-and no step is ever delivered twice (rows and delivery hashes are checked exactly)."""
+epoch to the backing queue and to the home queue) makes the older one's next backing write or home
+commit raise ProcessorFencedError, and no step is ever delivered twice (rows and delivery hashes
+are checked exactly)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from cues_platform.processing import (
     ProcessorFencedError,
     SimulatedCrash,
 )
+from cues_platform.processing.home import read_home
 from tests.processing.graphs import PID, CrashAt, build_graph, check_exact, load_inputs
 from tests.support import rows
 
@@ -35,7 +37,8 @@ class Calls:
 
 def test_older_instance_is_fenced_before_its_attempt(spark, lake):
     """The newer instance starts while the older one runs step 1's function: the older one's
-    attempt record is refused, the newer one retries the snapshot and delivers it once."""
+    one commit is refused (the home queue's epoch is no longer its own), the newer one plans the
+    same step from the stored positions and delivers it once."""
     graph = build_graph("map")
     newer: list[GraphRunner] = []
     hook = Calls("after_function", 2, lambda: newer.append(_started(graph, lake, spark)))
@@ -44,16 +47,17 @@ def test_older_instance_is_fenced_before_its_attempt(spark, lake):
     with pytest.raises(ProcessorFencedError) as info:
         older.run_until_idle()
     assert info.value.step == 1 and info.value.epoch == 0 and info.value.newest == 1
-    assert hook.seen[-1] == "after_prepare"  # stopped at the attempt write, before any commit
+    assert hook.seen[-1] == "after_prepare"  # stopped at its commit: nothing of step 1 written
     assert BackingQueue(lake, PID).epoch() == 1
+    assert read_home(lake.queue("b"), graph.processors[PID]).epoch == 1
     newer[0].run_until_idle()
     check_exact(lake, "map", "output")
 
 
 def test_older_instance_between_fork_commits_skips_what_the_newer_delivered(spark, lake):
     """The older instance stops between a fork's commits; the newer one starts, rolls the step
-    forward and finishes everything; the older one resumes: its remaining commit is skipped (the
-    queue already has the step) and its next snapshot write is fenced."""
+    forward and finishes everything; the older one resumes: its remaining (home) commit is fenced
+    by the home queue's epoch, so it writes nothing more."""
     graph = build_graph("fork")
 
     def newer_runs_everything() -> None:
@@ -64,7 +68,7 @@ def test_older_instance_between_fork_commits_skips_what_the_newer_delivered(spar
     load_inputs(lake, "fork")
     with pytest.raises(ProcessorFencedError):
         older.run_until_idle()
-    assert hook.seen[-1] == "before_snapshot"
+    assert hook.seen[-1] == "between_commits"
     check_exact(lake, "fork", "output")
 
 
@@ -120,18 +124,18 @@ def test_concurrent_instances_in_threads(spark, lake):
 
 
 def test_fence_then_crash_leaves_a_recoverable_state(spark, lake):
-    """An instance fenced mid-step leaves only records of its own epoch behind."""
-    graph = build_graph("join", "nil")
+    """An instance that crashed mid-step leaves only records of its own epoch behind."""
+    graph = build_graph("fork", "output")
     hook = CrashAt("after_prepare", 2)
     runner = GraphRunner(graph=graph, lake=lake, spark=spark, hook=hook)
-    load_inputs(lake, "join")
+    load_inputs(lake, "fork")
     with pytest.raises(SimulatedCrash):
         runner.run_until_idle()
     epochs = {r.epoch for r in BackingQueue(lake, PID).records()}
     assert epochs == {0}
     GraphRunner(graph=graph, lake=lake, spark=spark).run_until_idle()
     assert {r.epoch for r in BackingQueue(lake, PID).records()} == {0, 1}
-    check_exact(lake, "join", "nil")
+    check_exact(lake, "fork", "output")
 
 
 def _started(graph, lake, spark) -> GraphRunner:

@@ -3,8 +3,8 @@ at random moments, restarting it each time; at the end every output row and ever
 there exactly once.
 
 A kill is aimed by progress, not by time: after each start the test picks a random number of
-further backing-queue records (snapshots and attempts of any processor) and kills the child as
-soon as that many exist, so kills land at random points of the protocol (inside a commit, between
+further units of progress (backing records of any processor, or steps committed to a home queue)
+and kills the child as soon as that many exist, so kills land at random points of the protocol (inside a commit, between
 a fork's commits, during recovery, ...). Full size (100,000 messages, 8 kills) with CUES_SOAK=1;
 otherwise 3,000 messages and 2 kills, finished in-process.
 """
@@ -28,6 +28,7 @@ from cues_platform.processing.runner import create_queues
 from tests.processing.graphs import (
     SOAK_CHILD,
     SOAK_PIDS,
+    SOAK_UNITS_PER_STEP,
     backing_progress,
     build_soak_graph,
     check_backing,
@@ -58,7 +59,7 @@ def test_soak_random_sigkills(spark, lake, tmp_path):
         hi = min(N, lo + N // 4)
         lake.queue("a").append(pa.table({"id": ids[lo:hi], "note": [f"n{i}" for i in range(lo, hi)]}),
                                partition="0")
-    steps_total = 3 * 2 * (-(-N // BATCH))  # snapshot + attempt per step of each processor
+    steps_total = SOAK_UNITS_PER_STEP * (-(-N // BATCH))  # the gauge when all is done
     kills = 0
     log_path = tmp_path / "child.log"
     with open(log_path, "w") as log:
@@ -81,6 +82,8 @@ def test_soak_random_sigkills(spark, lake, tmp_path):
                     child.kill()
                     child.wait()
             assert rc in (0, -signal.SIGKILL), log_path.read_text()[-3000:]
+            if rc == 0:
+                break  # the child finished everything by itself: no further kill can land
     assert kills >= 1, "the child finished before any kill: raise N"
     # Finish in-process (the same lake, the test's Spark session).
     GraphRunner(graph=graph, lake=lake, spark=spark, keep_results=False).run_until_idle()
