@@ -165,7 +165,9 @@ def cues_graph(strategy: Strategy, batch: int | None, *, fx: Any) -> Graph:
     def fn(ctx: Any, postings: Any) -> Any:
         return price(postings, fx)
 
-    opts = Options(strategy=strategy) if batch is None else Options(batch_size=batch, strategy=strategy)
+    # fixed-size steps for the 10-step contenders (no backlog steps); defaults for the backlog one
+    opts = (Options(strategy=strategy) if batch is None
+            else Options(batch_size=batch, max_batch_size=batch, strategy=strategy))
     return Graph.build(name="peers", queues=[QueueDef("postings", POSTINGS), QueueDef("priced", PRICED)],
                        processors=[Processor("price", Kind.MAP, fn, {"postings": In("postings")},
                                              {"out": Out("priced")}, options=opts)])

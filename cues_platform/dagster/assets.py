@@ -35,6 +35,7 @@ from cues_platform.dagster.materialize import (
 )
 from cues_platform.dagster.resources import describe_record, spark_session_of
 from cues_platform.processing.graph import Graph, Kind, Processor, QueueDef, Strategy
+from cues_platform.processing.home import home_of
 from cues_platform.processing.runner import GraphRunner
 
 LAKE_KEY = "lake"
@@ -173,7 +174,8 @@ def build_processor_asset(graph: Graph, proc: Processor, *, prefix: Sequence[str
         stepper = runner.steppers[pid]
         holder["stepper"] = stepper
         last = stepper.backing.last_record() if hasattr(stepper, "backing") else None
-        found, rolled = describe_record(last), pending_delivery(lake, pid, last)
+        found = describe_record(last)
+        rolled = pending_delivery(lake, pid, last, home=home_of(proc))
         stopped = drive(runner, pid, config)
         meta = run_metadata(graph, proc, runner, stopped, found, rolled, time.monotonic() - started)
         stats = runner.stats[pid]

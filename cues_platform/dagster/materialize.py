@@ -104,15 +104,16 @@ def _ranges(results: Sequence[StepResult]) -> dict[str, str]:
     return {k: f"[{lo}, {hi})" for k, (lo, hi) in sorted(spans.items())}
 
 
-def pending_delivery(lake: Any, processor_id: str, record: Any) -> bool:
-    """True when ``record`` is an attempt whose commits are not all in its queues yet (recovery
-    will roll it forward); False for a delivered attempt, a snapshot or no record."""
+def pending_delivery(lake: Any, processor_id: str, record: Any, *, home: str | None = None) -> bool:
+    """True when ``record`` is an attempt whose commits are not all in its queues yet, the home
+    queue's closing commit included (recovery will roll it forward); False for a delivered
+    attempt, a snapshot or no record."""
     if record is None or not record.is_attempt:
         return False
     from cues_platform.processing.outputs import delivered_to
 
-    files = record.outputs.get("files", {})
-    return not all(delivered_to(lake.queue(q), processor_id, record.step) for q in files)
+    queues = set(record.outputs.get("files", {})) | ({home} if home else set())
+    return not all(delivered_to(lake.queue(q), processor_id, record.step) for q in sorted(queues))
 
 
 def run_metadata(graph: Graph, proc: Processor, runner: GraphRunner, stopped: str,

@@ -7,8 +7,9 @@ killed with ``os.killpg``: a runner's group holds its Spark JVM, which dies with
 Kinds of fault (chosen by the seeded random generator; the moments depend on the machine's
 speed, so a replay re-runs the same kinds in the same order against the same keys):
 
-- ``kill_by_progress``: SIGKILL (or SIGTERM) the runner once a random number of further backing
-  commits exist (snapshots, attempts, fences of any processor), so kills land at random protocol
+- ``kill_by_progress``: SIGKILL (or SIGTERM) the runner once a random number of further commits
+  exist (backing records and fences, and output-queue commits: a one-commit step writes only
+  its output queue), so kills land at random protocol
   points (inside a commit, between a fork's commits, in a sink's effect, ...).
 - ``kill_in_recovery``: start a runner and SIGKILL it once 1..4 of its processors have fenced
   (their backing queue got the new epoch commit): the others have not recovered yet.
@@ -89,8 +90,20 @@ def backing_versions(lake_root: Path) -> dict[str, int]:
     return out
 
 
+def _log_version(folder: Path) -> int:
+    try:
+        names = [n for n in os.listdir(folder / "_delta_log") if n.endswith(".json") and n[:20].isdigit()]
+    except FileNotFoundError:
+        names = []
+    return max((int(n[:20]) for n in names), default=-1)
+
+
 def progress(lake_root: Path) -> int:
-    return sum(v + 1 for v in backing_versions(lake_root).values())
+    """Commits of the backing queues (fences, attempts, a sink's snapshots) and of the processors'
+    output queues (one-commit steps write no backing record: their step is their output commit)."""
+    outputs = (w.MERGED, w.VALIDATED, w.LEFT, w.RIGHT, w.ENRICHED, w.ERRORS)
+    return (sum(v + 1 for v in backing_versions(lake_root).values())
+            + sum(_log_version(lake_root / "queues" / q) + 1 for q in outputs))
 
 
 @dataclass

@@ -148,22 +148,39 @@ def fixing(k: int, *, seed: int = 11) -> pa.Table:
 
 
 def convert_position(lake: Any) -> tuple[int, int]:
-    """Where ``convert`` has read up to in (parsed, fx_rates): its last snapshot's ends (a pending
-    snapshot is retried with the same ranges, so it counts as read)."""
+    """Where ``convert`` has read up to in (parsed, fx_rates): the input positions its home queue
+    ``priced`` stores with its last step (``pos:convert:{binding}``), or, when its last step went
+    through an attempt record (error rows, a lake of the previous protocol) that the home has not
+    closed yet, that attempt's ends (recovery rolls it forward, so it counts as read)."""
     from deltalake import DeltaTable
 
     from cues_platform.processing.backing import Snapshot
+    from cues_platform.processing.home import pos_app_id
+    from cues_platform.processing.outputs import proc_app_id
 
+    ends = (0, 0)
+    done = -1
+    if lake.has_queue("priced"):
+        dt = lake.queue("priced").refresh()
+        version = dt.transaction_version(proc_app_id("convert"))
+        postings = dt.transaction_version(pos_app_id("convert", "postings"))
+        rates = dt.transaction_version(pos_app_id("convert", "rates"))
+        if version is not None:
+            done = int(version)
+        if postings is not None and rates is not None:
+            ends = (int(postings), int(rates))
     uri = lake.system_uri("backing", "convert")
     if not DeltaTable.is_deltatable(uri, storage_options=lake.options):
-        return 0, 0
+        return ends
     backing = lake.queue("convert", uri=uri)
     last = backing.last_offset("0")
     if last is None:
-        return 0, 0
+        return ends
     row = backing.read_arrow(partition="0", start=last, end=last + 1, columns=["snapshot"])
     snap = Snapshot.from_json(row["snapshot"][0].as_py())
-    return snap.inputs["postings"].end, snap.inputs["rates"].end
+    if snap.step > done or ends == (0, 0) and snap.step == done:
+        return snap.inputs["postings"].end, snap.inputs["rates"].end
+    return ends
 
 
 def upstream_pending(lake: Any) -> bool:
