@@ -67,7 +67,16 @@ from cues_platform.participants.model import (
     Settings,
 )
 from cues_platform.participants.network import require, validate_participant
-from cues_platform.processing.graph import Graph, In, Kind, Options, Out, Processor, QueueDef
+from cues_platform.processing.graph import (
+    Graph,
+    In,
+    Kind,
+    Options,
+    Out,
+    Processor,
+    QueueDef,
+    SnapshotAt,
+)
 from cues_platform.processing.sinks import postgres_once
 from cues_platform.processing.step import Hook
 from cues_platform.queues import Lake
@@ -247,8 +256,12 @@ class ConsumerInstance(InstanceLoop):
             id=self.processor_id, kind=Kind.MAP, fn=fn,
             inputs={"postings": In(POSTINGS, self.p)},
             outputs={"results": Out(RESULTS, partition=None, partition_column="sender")},
+            # The function writes the consumer's database keyed by the delivery hash
+            # (postgres_once) and reads its results back by it: a retry after a crash must see
+            # the same snapshot and hash, so the snapshot is recorded before the function runs.
             options=Options(batch_size=self.settings.consumer_batch,
-                            poll_interval=self.settings.idle_poll),
+                            max_batch_size=self.settings.consumer_batch,
+                            poll_interval=self.settings.idle_poll, snapshot_at=SnapshotAt.READ),
             description=f"postings protocol: consumer {self.p}")
         return Graph.build(
             name=f"participant-{self.p}",

@@ -18,6 +18,7 @@ from cues_platform.processing.graph import (
     Out,
     Processor,
     QueueDef,
+    SnapshotAt,
     Strategy,
 )
 from cues_platform.processing.outputs import ERROR_SCHEMA
@@ -28,5 +29,6 @@ __all__ = [
     "ERROR_SCHEMA", "BackingQueue", "ExactlyOnceStepper", "Graph", "GraphError", "GraphRunner", "In",
     "Kind", "Options", "Out", "ProcessingError", "Processor", "ProcessorFencedError", "ProcessorStats",
     "QueueDef", "Range", "Record", "RecordType", "RecoveryError", "SimulatedCrash", "Snapshot",
+    "SnapshotAt",
     "StepContext", "StepResult", "Strategy", "UnhandledStepError",
 ]

@@ -35,6 +35,21 @@ class Strategy(StrEnum):
     AT_MOST_ONCE = "at_most_once"
 
 
+class SnapshotAt(StrEnum):
+    """When an exactly_once step records its snapshot (its input ranges and delivery hash).
+
+    ``commit``: with its output, in the step's one home commit (the default for every kind but a
+    sink): a step that crashed before its commit left nothing, and the restart plans it again,
+    possibly over longer ranges under another hash. ``read``: in the backing queue before the
+    function runs (always for a sink): a restart retries exactly that snapshot with the same hash.
+    Choose ``read`` for a map/join/alts/fork whose function has effects outside its outputs keyed
+    by ``ctx.delivery_hash`` (a database write with ``postgres_once``): the retry must present
+    the same hash so that the effect is recognised as done."""
+
+    COMMIT = "commit"
+    READ = "read"
+
+
 @dataclass(frozen=True)
 class QueueDef:
     name: str
@@ -64,6 +79,7 @@ class Options:
     max_batch_size: int = 1_000_000
     poll_interval: float = 0.5
     strategy: Strategy = Strategy.EXACTLY_ONCE
+    snapshot_at: SnapshotAt = SnapshotAt.COMMIT  # exactly_once; a sink always records at read
     backing_maintenance_every: int = 1_000  # steps between backing-queue compactions; 0: never
 
 

@@ -4,9 +4,10 @@ A processor's *home* queue is the queue of its first output (``processing/home.p
 none. Persistence, on every step (``ExactlyOnceStepper.step``):
 
 1. Snapshot: plan the input ranges ``[start, end)`` of this step from the positions (for alts:
-   the binding chosen). Only a sink appends the snapshot to its backing queue here (its side
-   effect happens inside the function, before any other record, and a retried sink must see the
-   same snapshot and hash); every other kind records nothing yet.
+   the binding chosen). A sink, or a processor with ``Options(snapshot_at=SnapshotAt.READ)``,
+   appends the snapshot to its backing queue here (its side effect happens inside the function,
+   before any other record, and a retry must see the same snapshot and hash); every other
+   processor records nothing yet.
 2. Read the ranges as Spark DataFrames and run the function. Who failed is decided where the
    exception escapes (:func:`cues_platform.processing.failures.origin_of`): only the user's own
    exceptions (and contract breaks in step 3) are *handled*. With an error queue the step's output
@@ -48,9 +49,10 @@ Crash safety, point by point (names are the hook points the crash matrix crashes
   the home's step: recovery commits what each queue lacks (``proc:{p}`` says which), the home last.
 - ``after_commit`` (attempt path): the home has step n = the attempt's step: delivered; recovery
   removes leftover staged files and resumes at n+1.
-- a sink's ``after_snapshot``..``after_prepare``: the backing's last record is its snapshot:
-  recovery retries the same ranges with the same hash (the sink helpers skip effects already
-  made under that hash).
+- a sink's (or a ``snapshot_at=read`` processor's) ``after_snapshot``..``after_prepare``: the
+  backing's last record is its snapshot, above the home's step: recovery retries the same ranges
+  with the same hash (the sink helpers skip effects already made under that hash). After its
+  home commit the snapshot's step equals the home's: delivered.
 
 Recovery, once on start (``recover``), reads only the home queue's app transactions and the last
 backing record (O(1) in history). It begins by fencing: a new epoch is committed to the backing
@@ -84,7 +86,7 @@ from cues_platform.processing.errors import (
     UnhandledStepError,
 )
 from cues_platform.processing.failures import Origin, Phase, origin_of, qualified_name
-from cues_platform.processing.graph import Graph, Kind, Processor
+from cues_platform.processing.graph import Graph, Kind, Processor, SnapshotAt
 from cues_platform.processing.home import commit_step, fence_home, home_guard, home_of, read_home
 from cues_platform.processing.outputs import (
     commit_staged,
@@ -385,7 +387,9 @@ class ExactlyOnceStepper(StepBase):
             snapshot = self.plan_snapshot()
             if snapshot is None:
                 return None
-            if self.home is None:  # a sink records its snapshot before its side effect
+            if self.home is None or self.processor.options.snapshot_at is SnapshotAt.READ:
+                # a sink (or a function with effects keyed by the hash) records its snapshot
+                # before the function: a retry must see the same ranges and hash
                 self.backing.append(Record(RecordType.SNAPSHOT, snapshot, self.epoch))
             self.pending = snapshot
         self.hook("after_snapshot")

@@ -8,7 +8,7 @@ import pyarrow.compute as pc
 from dagster import AssetKey, AssetSelection, materialize
 
 from cues_platform.dagster import validate_contract
-from cues_platform.processing import BackingQueue
+from cues_platform.processing.history import processor_history
 from tests.dagster.conftest import assets_of, resources_of
 from tests.dagster.graphs import contract, load_orders
 
@@ -44,7 +44,7 @@ def test_contract_and_exactly_once_checks_fail_on_a_doctored_queue(defs, lake, i
     assert not checks["exactly_once"][0]
 
     # a bug delivers step 1 of enrich a second time, with the same delivery hash
-    step1 = [r for r in BackingQueue(lake, "enrich").records() if r.is_attempt][1]
+    step1 = [r for r in processor_history(lake, "enrich") if r.is_attempt][1]
     table = enriched.read_arrow(partition="0")
     mine = table.filter(pc.equal(table["_delivery_hash"], step1.hash))
     assert mine.num_rows == 10

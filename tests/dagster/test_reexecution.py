@@ -58,8 +58,8 @@ def _failed_steps(result) -> list[str]:
 
 # -- op retry policy ------------------------------------------------------------------------------
 @pytest.mark.parametrize(("op", "point", "step"), [
-    ("split", "between_commits", 1),  # fork: 'big' committed, 'small' not: the retry rolls forward
-    ("enrich", "after_prepare", 1),  # staged, no attempt recorded: the retry redoes the snapshot
+    ("split", "between_commits", 1),  # fork: 'small' committed, home 'big' not: the retry rolls forward
+    ("enrich", "after_prepare", 1),  # one-commit step, nothing recorded yet: the retry plans it again
     ("archive", "after_commit", None),  # sink effect and commit done, the op fails after them
 ])
 def test_op_retry_policy_keeps_exactly_once(graph, lake, instance, tmp_path, op, point, step) -> None:
@@ -88,8 +88,9 @@ def test_reexecute_from_failure_keeps_exactly_once(lake, spark, monkeypatch) -> 
         assert not failed.success
         assert _failed_steps(failed) == ["split"]
         assert ids(lake, "enriched") == [i * 2 for i in range(30)]  # enrich finished
-        # split's step 1 is half delivered: 'big' has it, 'small' does not
-        assert 30 in ids(lake, "big") and 28 not in ids(lake, "small")
+        # split's step 1 is half delivered: 'small' has it, its home queue 'big' (committed
+        # last, closing the step) does not
+        assert 28 in ids(lake, "small") and 30 not in ids(lake, "big")
         options = ReexecutionOptions.from_failure(failed.run_id, instance)
         with execute_job(job, instance=instance, reexecution_options=options, run_config={}) as again:
             assert again.success
