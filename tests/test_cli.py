@@ -159,8 +159,8 @@ def test_backing_show_in_words(ran_lake: tuple[Path, subprocess.CompletedProcess
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert lines[0].startswith("backing queue of enrich") and "(showing the last 2)" in lines[0]
-    assert lines[1].startswith("step 1: snapshot of orders/0 [10, 20) — hash ")
-    assert lines[1].endswith("attempt: output 10 rows to enriched/0 (committed)")
+    assert lines[1].startswith("step 1: reads orders/0 [10, 20) — hash ")  # a one-commit step
+    assert lines[1].endswith("): output 10 rows to enriched/0 (committed)") and "one commit (version" in lines[1]
     assert lines[2].endswith("attempt: error 'ValueError: bad batch' 1 row to errors/0 (committed)")
     nope = invoke("backing", "show", "nope", "--lake", str(lake))
     assert nope.exit_code == 2 and "no backing queue for processor 'nope'" in nope.stderr

@@ -138,12 +138,13 @@ class Crash(Exception):
     """Stands for the process dying at a step point (the instance is then abandoned)."""
 
 
-@pytest.mark.parametrize("point", ["after_function", "after_attempt"])
+@pytest.mark.parametrize("point", ["after_function", "after_prepare"])
 def test_consumer_crash_before_results_commit_with_new_sender(
         lake: Lake, make_db: Callable[[str], str], spark: object, point: str) -> None:
     """The received rows of a newly registered sender are committed, then the consumer dies
-    before (after_function) or while (after_attempt: staged, not committed) delivering them. A
-    fresh instance (new routes, new runner) delivers exactly the recorded results, once."""
+    before (after_function) or while (after_prepare: results prepared, its one commit not made)
+    delivering them. A fresh instance (new routes, new runner) retries the recorded snapshot
+    (the consumer records it before its function) and delivers exactly the recorded results, once."""
     register(lake, producers=["bank-a"], consumers=["bank-x"])
     dsn_n, dsn_x = make_db("bank-n"), make_db("bank-x")
     fired: list[str] = []
