@@ -184,3 +184,38 @@ def test_fenced_instance_preparing_cannot_change_the_newer_attempts_outputs(spar
     left = lake.queue("b").read_arrow(partition="0").sort_by("_offset")["id"].to_pylist()
     right = lake.queue("d").read_arrow(partition="0").sort_by("_offset")["id"].to_pylist()
     assert len(left) == 30 and left == right
+
+
+def test_a_zombie_commit_racing_the_fence_is_refused(spark, lake, monkeypatch):
+    """The race itself: the older instance's home commit of step 1 has passed its epoch check when
+    the newer instance fences the home queue. Both commits carry the app transaction
+    ``epoch:{p}``, so Delta refuses the older one as a concurrent transaction; its retry reads the
+    new epoch and raises ProcessorFencedError without writing. The newer one delivers step 1."""
+    from cues_platform.processing import home as home_module
+
+    graph = build_graph("map")
+    real_guard = home_module.home_guard
+    newer: list[GraphRunner] = []
+
+    def racing_guard(queue, pid, *, epoch, step):
+        check = real_guard(queue, pid, epoch=epoch, step=step)
+
+        def guard(dt):
+            result = check(dt)  # the older instance's check passes on its snapshot ...
+            if step == 1 and not newer:  # ... then the newer instance fences before it commits
+                newer.append(_started(graph, lake, spark))
+            return result
+
+        return guard
+
+    monkeypatch.setattr(home_module, "home_guard", racing_guard)
+    older = GraphRunner(graph=graph, lake=lake, spark=spark)
+    load_inputs(lake, "map")
+    with pytest.raises(ProcessorFencedError) as info:
+        older.run_until_idle()
+    assert info.value.step == 1 and info.value.epoch == 0 and info.value.newest == 1
+    home = read_home(lake.queue("b"), graph.processors[PID])
+    assert home.step == 0 and home.epoch == 1  # the older commit of step 1 never landed
+    monkeypatch.setattr(home_module, "home_guard", real_guard)
+    newer[0].run_until_idle()
+    check_exact(lake, "map", "output")
