@@ -17,9 +17,11 @@ from cues_platform.queues.errors import QueueError
 
 
 def describe_backing(lake: Lake, processor: str, *, last: int | None = 20) -> list[str]:
-    """The last ``last`` steps of a processor's backing queue, one line per step, e.g.
-    ``step 7: snapshot of orders/0 [70, 80) — hash 1a2b3c4d…; attempt: output 10 rows to
-    enriched/0 (committed)``. Raises :class:`NoSuchProcessorError` when there is no backing queue."""
+    """The last ``last`` steps of a processor's history, one line per step, e.g.
+    ``step 7: reads orders/0 [70, 80) — hash 1a2b3c4d…; one commit (version 9): output 10 rows
+    to enriched/0 (committed)`` (a one-commit step) or ``step 8: snapshot of …; attempt: …``
+    (a recorded snapshot / attempt). Raises :class:`NoSuchProcessorError` when there is no
+    backing queue."""
     check_lake(lake)
     known = backing_folders(lake)
     if processor not in known:
