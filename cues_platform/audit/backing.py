@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from cues_platform.audit.discovery import open_backing
 from cues_platform.audit.report import MALFORMED_RECORD, Violation
-from cues_platform.processing.backing import Record, RecordType, Snapshot
+from cues_platform.processing.backing import Record, RecordType, Snapshot, expand
 from cues_platform.queues import Lake, Queue
 from cues_platform.queues.schema import OFFSET
 
@@ -46,7 +46,10 @@ def parse_records(processor: str, table: pa.Table) -> tuple[list[Record], list[V
                 problems.append("its step/hash columns disagree with its snapshot")
             if not isinstance(record.outputs, Mapping):
                 problems.append("its outputs are not a JSON object")
-        except (KeyError, TypeError, ValueError) as exc:
+            expanded = expand(record)  # a digest of one-commit steps: one attempt per step
+            if any(r.snapshot.processor != processor for r in expanded):
+                problems.append("its digest holds a step of another processor")
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             problems = [f"it does not parse ({type(exc).__name__}: {exc})"]
         if problems:
             bad.append(
@@ -60,7 +63,7 @@ def parse_records(processor: str, table: pa.Table) -> tuple[list[Record], list[V
                 )
             )
             continue
-        records.append(record)
+        records.extend(expanded)
     return records, bad
 
 

@@ -34,6 +34,7 @@ from cues_platform.audit.storage import STORAGE_ERRORS, check_table, unreadable_
 from cues_platform.processing.backing import Record
 from cues_platform.processing.graph import Graph, Strategy
 from cues_platform.processing.history import BadCommit, commit_records, merge
+from cues_platform.processing.outputs import proc_app_id
 from cues_platform.queues import Lake, Queue
 from cues_platform.queues.names import join_uri
 
@@ -120,6 +121,16 @@ def audit(lake: Lake, *, graph: Graph | None = None) -> AuditReport:
             snapshot_only[arranged.pending_snapshot.hash] = arranged.pending_snapshot
             violations += alts_violations(pid, arranged.pending_snapshot.snapshot)
 
+    # A queue that carries an exactly-once processor's ``proc:{p}`` app transaction is its output
+    # even when no record names it (records lost: a trimmed log, a damaged backing queue): its
+    # rows are checked, so such a lake fails the audit instead of passing unchecked.
+    for name, q in sorted(queues.items()):
+        try:
+            dt = q.refresh()
+            if any(dt.transaction_version(proc_app_id(pid)) is not None for pid in backings):
+                eo_queues.add(name)
+        except STORAGE_ERRORS as exc:
+            violations.append(unreadable_violation(exc, table=name, uri=q.uri))
     # Then the queues: rows of every exactly-once-written queue, and input end offsets.
     rows: dict[str, QueueRows] = {}
     for name in sorted(eo_queues):

@@ -53,6 +53,10 @@ class RecordType(StrEnum):
     ATTEMPT_OUTPUT = "attempt_output"
     ATTEMPT_ERROR = "attempt_error"
     ATTEMPT_NIL = "attempt_nil"
+    # A digest of one-commit steps already delivered (their records copied from the home queue's
+    # log, which Delta trims after its retention): written at backing maintenance, expanded back
+    # into one attempt per step by ``expand``. Its own snapshot is that of its last step.
+    DIGEST = "steps_digest"
 
 
 @dataclass(frozen=True)
@@ -130,6 +134,23 @@ def _row(record: Record) -> dict[str, list[Any]]:
             "error": [record.error]}
 
 
+def digest(records: list[Record], epoch: int) -> Record:
+    """One backing record holding ``records`` (one-commit steps, in step order)."""
+    body = [{"type": r.type.value, "snapshot": r.snapshot.to_json(), "epoch": r.epoch,
+             "outputs": dict(r.outputs), "error": r.error, "version": r.version} for r in records]
+    return Record(RecordType.DIGEST, records[-1].snapshot, epoch, {"steps": body})
+
+
+def expand(record: Record) -> list[Record]:
+    """A digest as the attempts it holds (``offset`` that of the digest); any other record as is.
+    Raises KeyError/TypeError/ValueError on a malformed digest."""
+    if record.type is not RecordType.DIGEST:
+        return [record]
+    return [Record(RecordType(d["type"]), Snapshot.from_json(d["snapshot"]), int(d["epoch"]),
+                   d.get("outputs") or {}, d.get("error"), record.offset, d.get("version"))
+            for d in record.outputs["steps"]]
+
+
 def _from_row(row: Mapping[str, Any]) -> Record:
     return Record(type=RecordType(row["type"]), snapshot=Snapshot.from_json(row["snapshot"]),
                   epoch=row["epoch"], outputs=json.loads(row["outputs"]) if row["outputs"] else {},
@@ -196,4 +217,13 @@ class BackingQueue:
         return _from_row(self.queue.read_arrow(partition="0", start=last, end=last + 1).to_pylist()[0])
 
     def records(self, *, start: int = 0) -> list[Record]:
-        return [_from_row(r) for r in self.queue.read_arrow(partition="0", start=start).to_pylist()]
+        """Every record from ``start``, digests expanded into their steps' attempts."""
+        rows = self.queue.read_arrow(partition="0", start=start).to_pylist()
+        return [r for row in rows for r in expand(_from_row(row))]
+
+    def digested_version(self) -> int:
+        """The newest home-queue version that a digest holds (-1: none)."""
+        rows = self.queue.read_arrow(partition="0", columns=["type", "outputs"]).to_pylist()
+        versions = [d.get("version") or -1 for row in rows if row["type"] == RecordType.DIGEST.value
+                    for d in json.loads(row["outputs"])["steps"]]
+        return max(versions, default=-1)

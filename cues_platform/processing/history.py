@@ -8,8 +8,12 @@ version of the commit) so that the tests and the auditor see one history per pro
 order, whichever path each step took. Reading it is O(commits in the log): it is for audits and
 tests, never for recovery (which reads app transactions, O(1)).
 
-Limit: Delta keeps commit entries for the table's ``delta.logRetentionDuration`` (30 days by
-default) after a checkpoint; steps whose commits were trimmed have no record here.
+Delta keeps commit entries for the table's ``delta.logRetentionDuration`` (30 days by default)
+after a checkpoint. So that trimming loses no record, the stepper copies the one-commit steps'
+records into a *digest* record of its backing queue at every backing maintenance (every
+``Options.backing_maintenance_every`` steps, default 1,000); a digest is expanded back into one
+attempt per step. Only steps that were neither digested nor left in the log are missing: a
+processor stopped for longer than the log retention before its next maintenance point.
 """
 
 from __future__ import annotations
@@ -71,20 +75,28 @@ def commit_records(queue: Queue, *, processor: str | None = None,
 
 
 def merge(backing: Iterable[Record], commits: Iterable[Record]) -> list[Record]:
-    """The backing records in their own order, with each commit record placed before the first
-    backing record of a later step (a backing attempt of the same step wins: the home commit of
-    an attempt-path step is not a step record, so the two never describe one step)."""
-    backing = list(backing)
-    taken = {r.step for r in backing if r.is_attempt}
-    pending = sorted((c for c in commits if c.step not in taken), key=lambda r: r.step)
+    """One history in step order: the backing queue's own records (snapshots, attempts) in their
+    order, with the one-commit steps' records (from digests in the backing queue, or read from the
+    home queue's log: the first seen of a step wins) each placed before the first own record of a
+    later step. A backing attempt of a step wins over a one-commit record of it (the home commit
+    of an attempt-path step is not a step record, so the two never describe one step)."""
+    own, digested = [], []
+    for r in backing:
+        (own if r.version is None else digested).append(r)
+    taken = {r.step for r in own if r.is_attempt}
+    pending: dict[int, Record] = {}
+    for c in [*digested, *commits]:
+        if c.step not in taken:
+            pending.setdefault(c.step, c)
+    ordered = [pending[k] for k in sorted(pending)]
     out: list[Record] = []
     i = 0
-    for rec in backing:
-        while i < len(pending) and pending[i].step < rec.step:
-            out.append(pending[i])
+    for rec in own:
+        while i < len(ordered) and ordered[i].step < rec.step:
+            out.append(ordered[i])
             i += 1
         out.append(rec)
-    out.extend(pending[i:])
+    out.extend(ordered[i:])
     return out
 
 

@@ -33,7 +33,10 @@ none. Persistence, on every step (``ExactlyOnceStepper.step``):
    skipped), then the home queue LAST, as in step 4 (rows or empty). The home commit closes the
    step: when the home has step n, every queue of step n has it.
 6. Advance to the snapshot's ends; the next step starts there. Every
-   ``Options.backing_maintenance_every`` steps, compact the backing queue (no record changes).
+   ``Options.backing_maintenance_every`` steps, append one digest record to the backing queue
+   holding the one-commit steps' records read back from the home queue's log (Delta trims that
+   log after its retention; the auditor needs them, recovery does not), then compact the backing
+   queue (no record changes).
 
 Crash safety, point by point (names are the hook points the crash matrix crashes at):
 
@@ -75,7 +78,14 @@ from typing import Any
 
 import pyarrow as pa
 
-from cues_platform.processing.backing import BackingQueue, Range, Record, RecordType, Snapshot
+from cues_platform.processing.backing import (
+    BackingQueue,
+    Range,
+    Record,
+    RecordType,
+    Snapshot,
+    digest,
+)
 from cues_platform.processing.batching import step_size
 from cues_platform.processing.context import StepContext
 from cues_platform.processing.contracts import split_by_contract
@@ -421,9 +431,25 @@ class ExactlyOnceStepper(StepBase):
         self.pending = None
         self.advance(snapshot)
         every = self.processor.options.backing_maintenance_every
-        if every and self.next_step % every == 0 and self.backing.queue.next_offset("0"):
-            self.backing.maintain()
+        if every and self.next_step % every == 0:
+            self.digest_steps()
+            if self.backing.queue.next_offset("0"):
+                self.backing.maintain()
         return result_
+
+    def digest_steps(self) -> None:
+        """Copy the records of one-commit steps not yet digested from the home queue's log into
+        one backing record, before Delta's log retention can trim them (the auditor reads both;
+        recovery needs neither)."""
+        if self.home is None:
+            return
+        from cues_platform.processing.history import commit_records
+
+        found, _ = commit_records(self.queues[self.home], processor=self.processor.id,
+                                  since=self.backing.digested_version())
+        records = found.get(self.processor.id, [])
+        if records:
+            self.backing.append(digest(records, self.epoch))
 
 
 _OUTCOMES = {RecordType.ATTEMPT_OUTPUT: "output", RecordType.ATTEMPT_ERROR: "error"}

@@ -1,0 +1,65 @@
+"""Step digests: the one-commit steps' records survive the trimming of their home queue's Delta log
+(the auditor reads them from the backing queue's digest records), and a digest changes nothing
+that recovery reads."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from deltalake import DeltaTable
+
+from cues_platform.audit import audit
+from cues_platform.processing import BackingQueue, GraphRunner, RecordType
+from cues_platform.processing.history import commit_records, processor_history
+from cues_platform.queues import maintenance
+from tests.processing.graphs import PID, build_graph, check_exact, load_inputs
+
+N, BATCH = 30, 5  # 6 one-commit steps; a digest after steps 2, 4 and 6
+
+
+def graph_with_maintenance(every: int):
+    graph = build_graph("map", "output", batch=BATCH)
+    proc = graph.processors[PID]
+    proc = replace(proc, options=replace(proc.options, backing_maintenance_every=every))
+    return type(graph).build(name=graph.name, queues=list(graph.queues.values()), processors=[proc],
+                             error_queue=graph.error_queue)
+
+
+def trim_log(lake, name: str) -> None:
+    """What Delta does to an old log: a checkpoint, then every commit entry before it removed."""
+    queue = lake.queue(name)
+    queue.refresh().alter.set_table_properties({"delta.logRetentionDuration": "interval 0 hours"})
+    maintenance.checkpoint(queue)
+    DeltaTable(queue.uri).cleanup_metadata()
+
+
+def test_digests_keep_the_step_records_when_the_log_is_trimmed(spark, lake):
+    graph = graph_with_maintenance(every=2)
+    runner = GraphRunner(graph=graph, lake=lake, spark=spark)
+    load_inputs(lake, "map", n=N)
+    runner.run_until_idle()
+    raw = [r["type"] for r in BackingQueue(lake, PID).queue.read_arrow(partition="0").to_pylist()]
+    assert raw.count(RecordType.DIGEST.value) == 3  # each holds the two steps since the last one
+    trim_log(lake, "b")
+    assert commit_records(lake.queue("b"), processor=PID)[0] == {}  # the log no longer has them
+    attempts = [r for r in processor_history(lake, PID) if r.is_attempt]
+    assert [a.step for a in attempts] == list(range(N // BATCH))
+    check_exact(lake, "map", "output", n=N, batch=BATCH)
+    assert audit(lake, graph=graph).ok, audit(lake, graph=graph).to_text()
+    # recovery reads the home queue's app transactions, which the checkpoint keeps
+    again = GraphRunner(graph=graph, lake=lake, spark=spark)
+    assert again.run_until_idle()[PID].steps == 0
+    assert again.steppers[PID].positions == {"src": N}
+
+
+def test_without_digests_a_trimmed_log_is_an_audit_failure_not_a_silent_pass(spark, lake):
+    """The limit the digests remove, shown: no maintenance, a trimmed log: the audit cannot see
+    the steps and says so (it never reports a lake it cannot check as clean)."""
+    graph = graph_with_maintenance(every=0)
+    GraphRunner(graph=graph, lake=lake, spark=spark)
+    load_inputs(lake, "map", n=N)
+    GraphRunner(graph=graph, lake=lake, spark=spark).run_until_idle()
+    trim_log(lake, "b")
+    report = audit(lake, graph=graph)
+    assert not report.ok and "b" in report.queues_checked
+    assert {v.kind for v in report.violations} >= {"unknown_hash", "app_transaction"}
