@@ -24,7 +24,7 @@ no older instance can commit to it again.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,8 +156,3 @@ def commit_step(queue: Queue, snapshot: Snapshot, tables: Mapping[str, Any], *, 
                           app_transactions=txns, delivery_hash=snapshot.delivery_hash,
                           message_type=message_type, commit_metadata=metadata)
 
-
-def outcome_type(*, error: bool, rows: Iterable[Any]) -> RecordType:
-    if error:
-        return RecordType.ATTEMPT_ERROR
-    return RecordType.ATTEMPT_OUTPUT if any(True for _ in rows) else RecordType.ATTEMPT_NIL

@@ -47,7 +47,8 @@ Crash safety, point by point (names are the hook points the crash matrix crashes
 - ``after_commit`` (one-commit path): the home has step n with its positions; recovery resumes
   at n+1. The commit is atomic, so no state lies between "rows visible" and "positions stored".
 - ``after_prepare`` (attempt path): files may be staged but no record names them: recovery plans
-  again; the orphaned staging folder is replaced (unique names) and removed on delivery.
+  again; re-planned with the same hash, the step stages under new unique names in the same
+  folder, removed on delivery (with a new hash the old folder is left behind, never read).
 - ``after_attempt``/``between_commits``: the backing's last record is an attempt of step n above
   the home's step: recovery commits what each queue lacks (``proc:{p}`` says which), the home last.
 - ``after_commit`` (attempt path): the home has step n = the attempt's step: delivered; recovery
@@ -97,7 +98,14 @@ from cues_platform.processing.errors import (
 )
 from cues_platform.processing.failures import Origin, Phase, origin_of, qualified_name
 from cues_platform.processing.graph import Graph, Kind, Processor, SnapshotAt
-from cues_platform.processing.home import commit_step, fence_home, home_guard, home_of, read_home
+from cues_platform.processing.home import (
+    FENCE_ATTEMPTS,
+    commit_step,
+    fence_home,
+    home_guard,
+    home_of,
+    read_home,
+)
 from cues_platform.processing.outputs import (
     commit_staged,
     conformed,
@@ -302,7 +310,7 @@ class ExactlyOnceStepper(StepBase):
     def fence(self) -> int:
         """A new epoch in the backing queue, then the same one in the home queue (see above)."""
         minimum = 0
-        for _ in range(200):
+        for _ in range(FENCE_ATTEMPTS):
             epoch = self.backing.fence(minimum=minimum)
             if self.home is None:
                 return epoch
@@ -334,7 +342,8 @@ class ExactlyOnceStepper(StepBase):
         if done < 0:
             self.positions, self.next_step = dict.fromkeys(self.processor.inputs, 0), 0
             return None
-        same = last is not None and last.step == done and last.is_attempt
+        same = (last is not None and last.step == done and last.is_attempt
+                and last.type is not RecordType.DIGEST)
         if same:
             remove_staging(self.lake, last.snapshot)  # delivered: only staged files may remain
         positions = home.positions if home is not None else None
