@@ -21,6 +21,12 @@ class QueueExistsError(QueueError):
     """A queue of that name already exists with a different definition."""
 
 
+class ConcurrentCreateError(QueueError):
+    """Another creator's CREATE TABLE was rebased over ours (remote lakes only): the table's
+    metadata is the last creator's. Not retryable: check the table's definition
+    (``cues queue describe``) and drop and recreate it if it is not the intended one."""
+
+
 class SchemaError(QueueError):
     """A batch or a declared schema does not fit the queue's contract."""
 

@@ -23,6 +23,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from cues_platform.errors import ConfigurationError
+from cues_platform.queues.creation import create_table_once
 from cues_platform.queues.errors import (
     InvalidNameError,
     LogIntegrityError,
@@ -133,28 +134,15 @@ class Lake:
         if max_batch_rows < 1:
             raise ConfigurationError(f"queue {name!r}: max_batch_rows must be >= 1")
         if DeltaTable.is_deltatable(uri, storage_options=self.options):
-            existing = self.queue(name, uri=uri)
-            if not existing.payload_schema.equals(payload):
-                raise QueueExistsError(
-                    f"queue {name!r} already exists with schema {existing.payload_schema}; "
-                    "pick another name or drop the old queue",
-                    queue=name,
-                )
-            if not exist_ok:
-                raise QueueExistsError(
-                    f"queue {name!r} already exists; pass exist_ok=True to reuse it", queue=name
-                )
-            missing = [p for p in parts if p not in existing.partitions]
-            if missing:
-                existing.add_partitions(missing)
-            return existing
+            return self._reuse_queue(name, uri=uri, payload=payload, parts=parts, exist_ok=exist_ok)
         self.refuse_lost_log(uri, what=f"queue {name!r}")
         created_folder = self.is_local and not self.local_path(uri).exists()
         try:
-            DeltaTable.create(
+            created = create_table_once(
+                self,
                 uri,
                 full_schema(payload),
-                mode="ignore",
+                what=f"queue {name!r}",
                 partition_by=[PARTITION],
                 name=name,
                 description=description or None,
@@ -168,19 +156,38 @@ class Lake:
                     "delta.dataSkippingStatsColumns": STATS_COLUMNS,
                     **_delta_properties(name, properties),
                 },
-                storage_options=self.options,
                 raise_if_key_not_exists=False,
             )
         except DeltaError as exc:
-            if DeltaTable.is_deltatable(uri, storage_options=self.options):
-                raise  # another process created it: not ours to clean
             if created_folder:
                 self._remove_empty_folder(uri)
             raise ConfigurationError(
                 f"queue {name!r} could not be created at {uri}: {str(exc).splitlines()[0]}; "
                 "fix the queue's definition (its properties) and create it again",
                 queue=name, uri=uri) from exc
+        if not created:  # another creator won the race: its queue, under the same checks
+            return self._reuse_queue(name, uri=uri, payload=payload, parts=parts, exist_ok=exist_ok)
         return Queue(lake=self, name=name, uri=uri)
+
+    def _reuse_queue(
+        self, name: str, *, uri: str, payload: pa.Schema, parts: list[str], exist_ok: bool
+    ) -> Queue:
+        """Return the existing queue at ``uri`` if ``exist_ok`` and its payload schema matches."""
+        existing = self.queue(name, uri=uri)
+        if not existing.payload_schema.equals(payload):
+            raise QueueExistsError(
+                f"queue {name!r} already exists with schema {existing.payload_schema}; "
+                "pick another name or drop the old queue",
+                queue=name,
+            )
+        if not exist_ok:
+            raise QueueExistsError(
+                f"queue {name!r} already exists; pass exist_ok=True to reuse it", queue=name
+            )
+        missing = [p for p in parts if p not in existing.partitions]
+        if missing:
+            existing.add_partitions(missing)
+        return existing
 
     def queue(self, name: str, *, uri: str | None = None) -> Queue:
         """Open an existing queue (``uri`` places system queues outside ``queues/``)."""

@@ -16,8 +16,9 @@ from datetime import UTC, datetime
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import CommitFailedError, DeltaError
+from deltalake.exceptions import DeltaError
 
+from cues_platform.queues.creation import create_table_once
 from cues_platform.queues.integrity import LOG_DIR, TableStorage
 from cues_platform.queues.lake import Lake
 
@@ -48,12 +49,8 @@ def open_system_table(lake: Lake, name: str, schema: pa.Schema) -> DeltaTable:
     what = f"system table {name!r}"
     if not DeltaTable.is_deltatable(uri, storage_options=lake.options):
         lake.refuse_lost_log(uri, what=what)
-        try:
-            DeltaTable.create(uri, schema, mode="ignore", storage_options=lake.options,
-                              configuration={"delta.checkpointInterval": str(CHECKPOINT_INTERVAL)})
-        except (CommitFailedError, DeltaError):
-            if not DeltaTable.is_deltatable(uri, storage_options=lake.options):
-                raise
+        create_table_once(lake, uri, schema, what=what,
+                          configuration={"delta.checkpointInterval": str(CHECKPOINT_INTERVAL)})
     return lake.open_table(uri, what=what)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cues_platform.queues import Lake, QueueError
-from cues_platform.queues.errors import LogIntegrityError, MissingLogError
+from cues_platform.queues.errors import LogIntegrityError, MissingLogError, QueueExistsError
 from cues_platform.queues.integrity import find_inconsistencies, verify_log
 from tests.support import PAYLOAD, rows
 
@@ -93,12 +93,34 @@ def test_the_coordinator_table_whose_log_vanished_is_never_recreated_empty(make_
 
 
 def test_concurrent_creators_of_one_queue_all_get_it(lake) -> None:
-    """A commit being written by another creator is not 'content without a log'."""
+    """A commit being written by another creator is not 'content without a log', and a creator
+    that loses the race for version 0 (delta-rs: "protocol changed") reuses the winner's queue."""
+    errors: list[BaseException] = []
+
+    def create(name: str) -> None:
+        try:
+            Lake(root=lake.root).create_queue(name, schema=PAYLOAD, exist_ok=True)
+        except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    names = [f"shared{i}" for i in range(6)]
+    for name in names:  # several rounds: one round alone rarely loses the race
+        threads = [threading.Thread(target=create, args=(name,)) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == []
+    assert lake.list_queues() == names
+
+
+def test_a_creator_losing_the_race_without_exist_ok_is_told_the_queue_exists(lake) -> None:
+    """Without ``exist_ok`` every creator but one gets QueueExistsError, never a raw Delta error."""
     errors: list[BaseException] = []
 
     def create() -> None:
         try:
-            Lake(root=lake.root).create_queue("shared", schema=PAYLOAD, exist_ok=True)
+            Lake(root=lake.root).create_queue("contested", schema=PAYLOAD)
         except BaseException as exc:  # noqa: BLE001 - collected and asserted below
             errors.append(exc)
 
@@ -107,8 +129,71 @@ def test_concurrent_creators_of_one_queue_all_get_it(lake) -> None:
         t.start()
     for t in threads:
         t.join()
+    assert len(errors) == 7
+    assert all(isinstance(e, QueueExistsError) for e in errors), errors
+    assert lake.list_queues() == ["contested"]
+
+
+def test_racing_creators_with_different_definitions_leave_one_definition(lake) -> None:
+    """delta-rs may rebase a losing CREATE TABLE to version 1, replacing the winner's metadata;
+    ours never does: the log holds one commit, and its partitions are one creator's, whole."""
+    for round_ in range(4):
+        name = f"contested{round_}"
+        outcomes: list[object] = []
+
+        def create(
+            parts: tuple[str, ...], name: str = name, outcomes: list[object] = outcomes
+        ) -> None:
+            try:
+                outcomes.append(Lake(root=lake.root).create_queue(
+                    name, schema=PAYLOAD, partitions=parts))
+            except QueueExistsError as exc:
+                outcomes.append(exc)
+
+        threads = [threading.Thread(target=create, args=((f"p{i}",),)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        log = sorted(p.name for p in (Path(lake.root) / "queues" / name / "_delta_log").iterdir())
+        assert log == ["00000000000000000000.json"]
+        winners = [o for o in outcomes if not isinstance(o, QueueExistsError)]
+        assert len(winners) == 1 and len(outcomes) == 6
+        assert lake.queue(name).partitions == winners[0].partitions
+        assert len(winners[0].partitions) == 1
+    leftovers = [p.name for p in (Path(lake.root) / "queues").iterdir() if p.name.startswith(".")]
+    assert leftovers == []  # no staging folder is left behind
+
+
+def test_a_created_queue_records_its_own_location(lake) -> None:
+    """The first commit is written in a staging folder; its history names the queue's folder."""
+    q = lake.create_queue("placed", schema=PAYLOAD)
+    from deltalake import DeltaTable
+
+    (first,) = DeltaTable(q.uri).history(1)
+    assert first["operationParameters"]["location"].rstrip("/").endswith("/queues/placed")
+
+
+def test_concurrent_openers_of_a_system_table_share_one_table(lake) -> None:
+    """Consumer groups' positions table is created once however many consumers open it."""
+    from cues_platform.queues.positions import SCHEMA, open_system_table
+
+    errors: list[BaseException] = []
+
+    def open_it() -> None:
+        try:
+            open_system_table(Lake(root=lake.root), "positions", SCHEMA)
+        except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_it) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     assert errors == []
-    assert lake.list_queues() == ["shared"]
+    log = Path(lake.system_uri("positions").removeprefix("file://")) / "_delta_log"
+    assert sorted(p.name for p in log.iterdir()) == ["00000000000000000000.json"]
 
 
 # -- a damaged newest commit -----------------------------------------------------------------------
