@@ -165,6 +165,22 @@ def test_racing_creators_with_different_definitions_leave_one_definition(lake) -
     assert leftovers == []  # no staging folder is left behind
 
 
+def test_a_create_killed_before_its_link_leaves_no_queue_and_can_be_run_again(lake) -> None:
+    """The state a crash between steps 1 and 3 leaves: a complete staged table beside the queue."""
+    from deltalake import DeltaTable
+
+    from cues_platform.queues.schema import full_schema
+
+    staged = Path(lake.root) / "queues" / ".orders.creating-0123"
+    DeltaTable.create(str(staged), full_schema(PAYLOAD), partition_by=["_partition"])
+    assert lake.list_queues() == []
+    assert not lake.has_queue("orders")
+    q = lake.create_queue("orders", schema=PAYLOAD)
+    q.append(rows(0, 2), partition="0")
+    assert lake.list_queues() == ["orders"]
+    assert q.count() == 2
+
+
 def test_a_created_queue_records_its_own_location(lake) -> None:
     """The first commit is written in a staging folder; its history names the queue's folder."""
     q = lake.create_queue("placed", schema=PAYLOAD)
