@@ -16,6 +16,7 @@ from cues_platform.processing.graph import (
     Kind,
     Options,
     Out,
+    OutputWriter,
     Processor,
     QueueDef,
     SnapshotAt,
@@ -29,6 +30,7 @@ __all__ = [
     "ERROR_SCHEMA", "BackingQueue", "ExactlyOnceStepper", "Graph", "GraphError", "GraphRunner", "In",
     "Kind", "Options", "Out", "ProcessingError", "Processor", "ProcessorFencedError", "ProcessorStats",
     "QueueDef", "Range", "Record", "RecordType", "RecoveryError", "SimulatedCrash", "Snapshot",
+    "OutputWriter",
     "SnapshotAt",
     "StepContext", "StepResult", "Strategy", "UnhandledStepError",
 ]

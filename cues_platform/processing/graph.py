@@ -50,6 +50,24 @@ class SnapshotAt(StrEnum):
     READ = "read"
 
 
+class OutputWriter(StrEnum):
+    """Who writes a step's output rows (``processing/executor_output.py``).
+
+    ``executors``: Spark's executors write the Parquet files, with offsets and the other metadata
+    columns computed in Spark, and the driver commits them by reference (it reads only their
+    footers): no row crosses the driver. ``driver``: the result is collected to the driver as
+    Arrow, conformed and written there. ``auto`` (default): executors for a step that reads at
+    least ``AUTO_EXECUTOR_ROWS`` (100,000) input rows, the driver below that (a small step's
+    write costs less than the executors' extra counting job). Either way the result is the same
+    rows, offsets and commit; a step whose output cannot be written by the executors (not a Spark
+    DataFrame, several outputs, a partition column, a pandera contract, column types other than
+    the queue's) is written by the driver."""
+
+    AUTO = "auto"
+    EXECUTORS = "executors"
+    DRIVER = "driver"
+
+
 @dataclass(frozen=True)
 class QueueDef:
     name: str
@@ -80,6 +98,7 @@ class Options:
     poll_interval: float = 0.5
     strategy: Strategy = Strategy.EXACTLY_ONCE
     snapshot_at: SnapshotAt = SnapshotAt.COMMIT  # exactly_once; a sink always records at read
+    output_writer: OutputWriter = OutputWriter.AUTO
     backing_maintenance_every: int = 1_000  # steps between backing-queue compactions; 0: never
 
 

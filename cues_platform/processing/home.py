@@ -37,6 +37,7 @@ from cues_platform.processing.graph import Kind, Processor
 from cues_platform.processing.outputs import proc_app_id
 from cues_platform.queues import Queue
 from cues_platform.queues.appender import AppendResult, append_batches
+from cues_platform.queues.by_reference import WrittenPart, append_written
 
 STEP_RECORD_KEY = "cues.step_record"  # "commit": this commit is the step's only record
 FENCE_ATTEMPTS = 200
@@ -152,6 +153,11 @@ def commit_step(queue: Queue, snapshot: Snapshot, tables: Mapping[str, Any], *, 
     if is_record:
         metadata["cues.snapshot"] = snapshot.to_json()
         metadata["cues.rows"] = json.dumps({q: dict(p) for q, p in rows.items()}, sort_keys=True)
+    if tables and all(isinstance(t, WrittenPart) for t in tables.values()):
+        # written by the executors (processing/executor_output.py): committed by reference
+        return append_written(queue, tables, guards=[guard], app_transactions=txns,
+                              commit_metadata=metadata, delivery_hash=snapshot.delivery_hash,
+                              message_type=message_type)
     return append_batches(queue, tables, guards=[guard], prepared=True, allow_empty=True,
                           app_transactions=txns, delivery_hash=snapshot.delivery_hash,
                           message_type=message_type, commit_metadata=metadata)

@@ -31,6 +31,7 @@ from cues_platform.processing.failures import CONTRACT_EXCEPTION_TYPE, exception
 from cues_platform.processing.graph import Out
 from cues_platform.queues import Lake, Queue
 from cues_platform.queues.appender import AppendResult, append_batches
+from cues_platform.queues.by_reference import WrittenPart, append_written
 from cues_platform.queues.errors import SchemaError
 from cues_platform.queues.names import join_uri
 from cues_platform.queues.schema import conform
@@ -201,6 +202,9 @@ def commit_direct(queue: Queue, snapshot: Snapshot, tables: Mapping[str, pa.Tabl
     """The at-least/at-most-once commit: the conformed ``{partition: table}`` appended in one
     commit, straight from memory (no staged file, no re-read) and with no step check (a re-run
     appends again)."""
+    metadata = {"cues.processor": snapshot.processor, "cues.step": str(snapshot.step)}
+    if tables and all(isinstance(t, WrittenPart) for t in tables.values()):
+        return append_written(queue, tables, commit_metadata=metadata,  # type: ignore[arg-type]
+                              delivery_hash=snapshot.delivery_hash, message_type=message_type)
     return append_batches(queue, tables, prepared=True, delivery_hash=snapshot.delivery_hash,
-                          message_type=message_type,
-                          commit_metadata={"cues.processor": snapshot.processor, "cues.step": str(snapshot.step)})
+                          message_type=message_type, commit_metadata=metadata)

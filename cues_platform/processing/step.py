@@ -96,6 +96,7 @@ from cues_platform.processing.errors import (
     RecoveryError,
     UnhandledStepError,
 )
+from cues_platform.processing.executor_output import executor_output, write_by_executors
 from cues_platform.processing.failures import Origin, Phase, origin_of, qualified_name
 from cues_platform.processing.graph import Graph, Kind, Processor, SnapshotAt
 from cues_platform.processing.home import (
@@ -120,6 +121,7 @@ from cues_platform.processing.outputs import (
     to_arrow,
 )
 from cues_platform.queues import Lake, Queue
+from cues_platform.queues.by_reference import WrittenPart
 from cues_platform.queues.errors import SchemaError
 from cues_platform.queues.reader import execute_spark, plan_read
 from cues_platform.queues.schema import RESERVED
@@ -254,6 +256,18 @@ class StepBase:
             return {}, {}
         with failing_as(Phase.MATERIALIZE):
             by_binding = split_outputs(result, self.processor.outputs, processor=self.processor.id)
+            out = executor_output(self.processor, self.graph, by_binding, home=home_of(self.processor),
+                                  input_rows=snapshot.rows)
+            if out is not None:
+                # the executors write the rows; the driver keeps only the files' footers
+                written = write_by_executors(next(iter(by_binding.values())), self.queues[out.queue],
+                                             partition=out.partition or "0",
+                                             delivery_hash=snapshot.delivery_hash)
+                if written is None:
+                    return {}, {}
+                if isinstance(written, WrittenPart):
+                    return {out.queue: {written.partition: written}}, {out.queue: {written.partition: written.rows}}
+                by_binding = {next(iter(by_binding)): written}  # the rows, back for the driver path
             arrow = {binding: without_metadata(to_arrow(value)) for binding, value in by_binding.items()}
         with failing_as(Phase.STAGE):
             return self._stage_outputs(snapshot, arrow)

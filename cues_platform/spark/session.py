@@ -68,6 +68,10 @@ LOCAL_DEFAULTS = {
     "spark.sql.parquet.enableVectorizedReader": "true",
     "spark.driver.memory": "2g",
     "spark.ui.showConsoleProgress": "false",
+    # steps written by the executors (processing/executor_output.py): Arrow's timestamp[us, UTC]
+    # in the files, and no _SUCCESS marker in a queue's folder
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
 }
 
 # Only where the driver reads the same files as the executors (local masters): a step reads the

@@ -1,0 +1,188 @@
+"""A step's output written by Spark's executors and committed by reference (no row on the driver).
+
+Used for a step whose function returns one Spark DataFrame for one output with a fixed partition
+and no pandera contract (``Options.output_writer``; see :class:`~cues_platform.processing.graph.OutputWriter`).
+For that output, :func:`write_by_executors`:
+
+1. Checks the DataFrame's columns against the queue's payload schema (names and Spark types,
+   without running anything). A mismatch is not an error here: the step is written by the
+   driver, whose ``conform`` names the column and what to change.
+2. Reads the partition's next offset ``start`` (the step's commit re-checks it).
+3. Job 1: runs the user's plan once, caches it on the executors (``MEMORY_AND_DISK``) with each
+   row's Spark partition id and its index inside that partition (``monotonically_increasing_id``
+   is ``partition_id << 33 | index``), and counts the rows of each Spark partition. The driver
+   turns the counts into one base offset per Spark partition: ``start`` plus the rows before it.
+4. Job 2: the executors write the cached rows as Parquet files into a fresh folder of the queue
+   (``_partition={p}/step-{hash8}-{uuid}``), each row with ``_offset = base + index`` and the
+   other metadata columns (delivery hash, message type, append time) as literals.
+5. The driver reads the files' footers only and verifies them
+   (:func:`cues_platform.queues.by_reference.verify_written`): the offsets tile
+   ``[start, start + rows)`` with no gap or repeat, the payload types are the queue's, required
+   columns hold no null. Files that fail are read back as Arrow (payload columns only) and
+   the step continues on the driver path with those rows; nothing is computed twice.
+
+The step's commit (``processing/home.py`` for exactly_once, ``outputs.commit_direct`` otherwise)
+then commits the files by reference; if another writer appended to the partition in between,
+the rows are read back and appended with new offsets (``by_reference.append_written``).
+
+On abort anywhere here (exception, SIGKILL) nothing is committed: the files are orphans in no
+snapshot, which ``cues queue maintain`` (vacuum) removes after the retention; the step is planned
+again by recovery exactly as on the driver path. Driver memory holds the counts and the footers,
+not the rows: it does not grow with the step's size.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+
+from cues_platform.processing.graph import Graph, Out, OutputWriter, Processor, Strategy
+from cues_platform.queues import Queue
+from cues_platform.queues.by_reference import (
+    NotCommittableError,
+    WrittenPart,
+    read_footer,
+    read_written,
+    verify_written,
+)
+from cues_platform.queues.schema import (
+    APPEND_TIME,
+    DELIVERY_HASH,
+    MESSAGE_TYPE,
+    OFFSET,
+    PRODUCER_ID,
+    PRODUCER_SEQ,
+    RESERVED,
+    TXN_ID,
+)
+
+AUTO_EXECUTOR_ROWS = 100_000  # OutputWriter.AUTO: executors from this many input rows per step
+_PID, _MID = "__cues_pid", "__cues_mid"
+
+
+def is_spark_frame(value: Any) -> bool:
+    return hasattr(value, "sparkSession") and hasattr(value, "write") and hasattr(value, "schema")
+
+
+def executor_output(
+    processor: Processor, graph: Graph, by_binding: Mapping[str, Any], *, home: str | None,
+    input_rows: int,
+) -> Out | None:
+    """The output the executors can write for this step's result, or None (the driver writes)."""
+    writer = processor.options.output_writer
+    if writer is OutputWriter.DRIVER or len(by_binding) != 1:
+        return None
+    binding, value = next(iter(by_binding.items()))
+    out = processor.outputs[binding]
+    if not is_spark_frame(value) or out.partition_column is not None or out.partition is None:
+        return None
+    if graph.queues[out.queue].contract is not None:
+        return None
+    if processor.strategy is Strategy.EXACTLY_ONCE and out.queue != home:
+        return None  # an attempt over several queues stages its files; not this path
+    if writer is OutputWriter.AUTO and input_rows < AUTO_EXECUTOR_ROWS:
+        return None
+    return out
+
+
+def _matches(frame: Any, queue: Queue) -> bool:
+    """Step 1: the frame's payload columns are the queue's, in Spark types equal to its own."""
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    types = {f.name: f.dataType for f in frame.schema.fields if f.name not in RESERVED}
+    payload = queue.payload_schema
+    if set(types) != set(payload.names):
+        return False
+    try:
+        return all(types[f.name] == from_arrow_type(f.type) for f in payload)
+    except TypeError:  # an Arrow type Spark has no equivalent of
+        return False
+
+
+def write_by_executors(
+    frame: Any, queue: Queue, *, partition: str, delivery_hash: str, message_type: str = "message"
+) -> WrittenPart | pa.Table | None:
+    """Steps 1-5 of the module docstring: the verified files (``WrittenPart``), or the rows as an
+    Arrow table for the driver path (Step 1 or Step 5 refused), or None when the step has no row."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    # Step 1
+    if not _matches(frame, queue):
+        return _driver(frame)
+    queue.check_partition(partition)
+    spark = frame.sparkSession
+    spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+    # Step 2
+    start = queue.next_offset(partition)
+    # Step 3
+    payload = queue.payload_schema
+    cached = frame.select(*[F.col(n) for n in payload.names],
+                          F.spark_partition_id().alias(_PID),
+                          F.monotonically_increasing_id().alias(_MID)).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        counts = {int(r[0]): int(r[1]) for r in cached.groupBy(_PID).count().collect()}
+        rows = sum(counts.values())
+        if rows == 0:
+            return None
+        if rows > queue.max_batch_rows:
+            from cues_platform.queues.errors import BatchError
+
+            raise BatchError(
+                f"queue {queue.name!r}: the batch has {rows} rows, more than the queue's limit of "
+                f"{queue.max_batch_rows}; split it or raise max_batch_rows",
+                queue=queue.name, rows=rows, limit=queue.max_batch_rows)
+        bases, acc = [], start
+        for pid in sorted(counts):
+            bases += [F.lit(pid), F.lit(acc)]
+            acc += counts[pid]
+        base = F.create_map(*bases)[F.col(_PID)]
+        index = F.col(_MID) - F.shiftleft(F.col(_PID).cast("long"), 33)
+        now = datetime.now(UTC)
+        # Step 4
+        relative = f"_partition={partition}/step-{delivery_hash[:8]}-{uuid.uuid4().hex[:12]}"
+        out = cached.select(
+            *[F.col(n) for n in payload.names],
+            (base + index).cast("long").alias(OFFSET),
+            F.lit(None).cast("string").alias(PRODUCER_ID),
+            F.lit(None).cast("long").alias(PRODUCER_SEQ),
+            F.lit(delivery_hash).alias(DELIVERY_HASH),
+            F.lit(message_type).alias(MESSAGE_TYPE),
+            F.lit(now).cast("timestamp").alias(APPEND_TIME),
+            F.lit(None).cast("string").alias(TXN_ID),
+        )
+        out.write.mode("errorifexists").parquet(_join(queue.uri, relative))
+    finally:
+        cached.unpersist()
+    # Step 5
+    footers = [read_footer(queue, f"{relative}/{name}") for name in _parquet_files(queue, relative)]
+    try:
+        return verify_written(queue, partition, start, footers)
+    except NotCommittableError:
+        return read_written(queue, footers)
+
+
+def _driver(frame: Any) -> pa.Table:
+    from cues_platform.processing.outputs import to_arrow
+
+    return to_arrow(frame)
+
+
+def _join(uri: str, relative: str) -> str:
+    from cues_platform.queues.names import join_uri
+
+    return join_uri(uri, relative)
+
+
+def _parquet_files(queue: Queue, relative: str) -> list[str]:
+    from pyarrow import fs
+
+    uri = _join(queue.uri, relative)
+    filesystem, path = fs.FileSystem.from_uri(uri) if "://" in uri else (fs.LocalFileSystem(), uri)
+    infos = filesystem.get_file_info(fs.FileSelector(path))
+    return sorted(i.base_name for i in infos
+                  if i.base_name.endswith(".parquet") and not i.base_name.startswith((".", "_")))

@@ -1,0 +1,264 @@
+"""Committing Parquet files that someone else wrote (Spark executors) to a queue, by reference.
+
+The writer numbers the rows of one partition ``start, start+1, ...`` itself, from the partition's
+next offset read before it wrote. Delivery contract of :func:`commit_files` (every retry starts
+again at step 1):
+
+1. Read every written file's Parquet footer (never its rows): row count, ``_offset`` min/max and
+   null counts. Verify density: the files' offset ranges, sorted, tile ``[start, start + rows)``
+   exactly (no gap, no repeat), each file holds ``max - min + 1`` rows, the payload columns have
+   the queue's types and required columns no null. A file set that fails raises :class:`NotCommittableError`: nothing is
+   committed, the caller rewrites the rows through :func:`~cues_platform.queues.appender.append_batches`.
+2. Load the newest snapshot and run the guards (as ``append_batches`` step 2).
+3. If a partition's next offset is no longer ``start`` (another writer appended since), raise
+   :class:`OffsetsMovedError`: the offsets in the files are taken, so the caller rewrites.
+4. Commit the files' add actions (with statistics built from the footers) in ONE Delta commit
+   carrying ``part:{partition} = start + rows``, the extra app transactions and the metadata.
+5. A concurrent-transaction conflict (the same ``part:`` or guard app id): back off, go to 2.
+
+On abort before step 4's commit the files are orphans in no snapshot (vacuum removes them).
+Off by one: ``start`` is the first offset written; ``part:{partition}`` becomes the next free one.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, Transaction
+from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import AddAction
+from pyarrow import fs
+
+from cues_platform.queues.appender import DEFAULT_MAX_ATTEMPTS, AppendResult, Guard
+from cues_platform.queues.errors import ConcurrentAppendError, QueueError
+from cues_platform.queues.names import join_uri
+from cues_platform.queues.schema import APPEND_TIME, OFFSET, PARTITION, TXN_ID
+
+if TYPE_CHECKING:
+    from cues_platform.queues.queue import Queue
+
+STATS = (OFFSET, TXN_ID, APPEND_TIME)  # the columns queues keep statistics of (lake.STATS_COLUMNS)
+
+
+class NotCommittableError(QueueError):
+    """Written files that cannot be committed as they are (a gap or repeat in their offsets, a
+    payload type other than the queue's); the rows must be rewritten. Not retryable as is."""
+
+
+class OffsetsMovedError(QueueError):
+    """The partition's next offset moved after the files were written: another writer took the
+    offsets the files carry. Retryable by rewriting the rows with new offsets."""
+
+    retryable = True
+
+
+@dataclass(frozen=True)
+class FileFooter:
+    path: str  # relative to the table root
+    size: int
+    rows: int
+    min_offset: int
+    max_offset: int
+    stats: str  # Delta statistics JSON
+    nulls: Mapping[str, int]  # payload column -> null count
+    schema: pa.Schema
+
+
+@dataclass(frozen=True)
+class WrittenPart:
+    """One partition's rows written as files under the queue's folder, offsets from ``start``."""
+
+    partition: str
+    start: int
+    rows: int
+    files: tuple[FileFooter, ...]
+
+    @property
+    def end(self) -> int:
+        return self.start + self.rows
+
+
+def _iso(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat(timespec="microseconds").replace("+00:00", "Z")
+    return value
+
+
+def read_footer(queue: Queue, relative: str) -> FileFooter:
+    """A written file's footer as statistics (Step 1); reads no row."""
+    uri = join_uri(queue.uri, relative)
+    filesystem, path = fs.FileSystem.from_uri(uri) if "://" in uri else (fs.LocalFileSystem(), uri)
+    info = filesystem.get_file_info(path)
+    with filesystem.open_input_file(path) as handle:
+        meta = pq.ParquetFile(handle).metadata
+    schema = meta.schema.to_arrow_schema()
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for i, name in enumerate(schema.names):
+        lo = hi = None
+        count = 0
+        for g in range(meta.num_row_groups):
+            st = meta.row_group(g).column(i).statistics
+            if st is None:
+                count = -1 if name == OFFSET else count
+                continue
+            count += st.null_count if count >= 0 else 0
+            if st.has_min_max:
+                lo = st.min if lo is None else min(lo, st.min)
+                hi = st.max if hi is None else max(hi, st.max)
+        nulls[name] = count
+        if name in STATS and lo is not None:
+            mins[name], maxs[name] = _iso(lo), _iso(hi)
+    if meta.num_rows and (OFFSET not in mins or nulls.get(OFFSET, -1) != 0):
+        raise NotCommittableError(f"queue {queue.name!r}: written file {relative} has no "
+                                  f"{OFFSET} statistics; rewrite its rows", queue=queue.name)
+    stats = {"numRecords": meta.num_rows, "minValues": mins, "maxValues": maxs,
+             "nullCount": {k: v for k, v in nulls.items() if k in STATS and v >= 0}}
+    return FileFooter(relative, info.size, meta.num_rows, int(mins.get(OFFSET, 0)),
+                      int(maxs.get(OFFSET, -1)), json.dumps(stats), nulls, schema)
+
+
+def verify_written(queue: Queue, partition: str, start: int, files: Sequence[FileFooter]) -> WrittenPart:
+    """Step 1's density and type checks; returns the part to commit (rows may be 0)."""
+    payload = queue.payload_schema
+    kept = sorted((f for f in files if f.rows), key=lambda f: f.min_offset)
+    expected = start
+    for f in kept:
+        if f.min_offset != expected or f.max_offset - f.min_offset + 1 != f.rows:
+            raise NotCommittableError(
+                f"queue {queue.name!r} partition {partition!r}: written file {f.path} holds offsets "
+                f"[{f.min_offset}, {f.max_offset}] in {f.rows} rows where [{expected}, "
+                f"{expected + f.rows - 1}] was due; rewrite the rows", queue=queue.name,
+                partition=partition, path=f.path)
+        for field in payload:
+            if field.name not in f.schema.names or not f.schema.field(field.name).type.equals(field.type):
+                got = f.schema.field(field.name).type if field.name in f.schema.names else "nothing"
+                raise NotCommittableError(
+                    f"queue {queue.name!r}: written file {f.path} has {got} for column "
+                    f"{field.name!r}, declared {field.type}; rewrite the rows", queue=queue.name,
+                    column=field.name)
+            if not field.nullable and f.nulls.get(field.name, -1) != 0:
+                raise NotCommittableError(
+                    f"queue {queue.name!r}: written file {f.path} may hold nulls in required "
+                    f"column {field.name!r}; rewrite the rows", queue=queue.name, column=field.name)
+        expected += f.rows
+    return WrittenPart(partition, start, expected - start, tuple(kept))
+
+
+def read_written(queue: Queue, files: Sequence[FileFooter]) -> pa.Table:
+    """The payload columns of written files, in offset order: the rows to rewrite."""
+    tables = []
+    for f in files:
+        uri = join_uri(queue.uri, f.path)
+        filesystem, path = fs.FileSystem.from_uri(uri) if "://" in uri else (fs.LocalFileSystem(), uri)
+        tables.append(pq.read_table(path, filesystem=filesystem))
+    if not tables:
+        return queue.payload_schema.empty_table()
+    table = pa.concat_tables(tables, promote_options="permissive")
+    if OFFSET in table.column_names:
+        table = table.sort_by(OFFSET)
+    return table.select([n for n in queue.payload_schema.names if n in table.column_names])
+
+
+def append_written(
+    queue: Queue,
+    parts: Mapping[str, WrittenPart],
+    *,
+    guards: Sequence[Guard] = (),
+    app_transactions: Sequence[tuple[str, int]] = (),
+    commit_metadata: Mapping[str, str] | None = None,
+    **options: Any,
+) -> AppendResult:
+    """Commit written parts by reference or, when another writer took their offsets, append their
+    rows again with new ones (``append_batches``, same guards and app transactions): either
+    way exactly one commit of these rows. ``options`` are ``append_batches``' (delivery hash,
+    message type)."""
+    from cues_platform.queues.appender import append_batches
+
+    metadata = dict(commit_metadata or {})
+    if options.get("delivery_hash") is not None:
+        metadata["cues.hash"] = options["delivery_hash"]
+    try:
+        return commit_files(queue, parts, guards=guards, app_transactions=app_transactions,
+                            commit_metadata=metadata)
+    except OffsetsMovedError:
+        tables = {p: read_written(queue, w.files) for p, w in parts.items()}
+        return append_batches(queue, tables, guards=guards, app_transactions=app_transactions,
+                              commit_metadata=commit_metadata or {}, **options)
+
+
+def commit_files(
+    queue: Queue,
+    parts: Mapping[str, WrittenPart],
+    *,
+    guards: Sequence[Guard] = (),
+    app_transactions: Sequence[tuple[str, int]] = (),
+    commit_metadata: Mapping[str, str] | None = None,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+) -> AppendResult:
+    """Steps 2-5 of the module docstring for parts verified by :func:`verify_written`."""
+    ranges = {p: (w.start, w.end) for p, w in sorted(parts.items())}
+    metadata = {"cues.queue": queue.name, **dict(commit_metadata or {}),
+                "cues.ranges": ";".join(f"{p}:{s}-{e}" for p, (s, e) in ranges.items()),
+                "cues.commit": uuid.uuid4().hex}  # finds this commit's version afterwards
+    now_ms = int(time.time() * 1000)
+    actions = [AddAction(f.path, f.size, {PARTITION: p}, now_ms, True, f.stats)
+               for p, w in sorted(parts.items()) for f in w.files]
+    txns = [Transaction(f"part:{p}", end) for p, (_, end) in ranges.items()]
+    txns += [Transaction(app_id, version) for app_id, version in app_transactions]
+    delay = 0.002
+    for attempt in range(1, max_attempts + 1):
+        # Step 2
+        dt = queue.refresh()
+        queue.ensure_appendable(dt)
+        for guard in guards:
+            done = guard(dt)
+            if done is not None:
+                return done
+        # Step 3
+        for p, (start, _) in ranges.items():
+            now = queue.next_offset(p, snapshot=dt)
+            if now != start:
+                raise OffsetsMovedError(
+                    f"queue {queue.name!r} partition {p!r}: next offset is {now}, the written "
+                    f"files start at {start}; rewrite them", queue=queue.name, partition=p,
+                    expected=start, found=now)
+        # Step 4
+        try:
+            with queue._lock:
+                dt.create_write_transaction(
+                    actions, mode="append", schema=queue.table_schema, partition_by=[PARTITION],
+                    commit_properties=CommitProperties(app_transactions=txns,
+                                                       custom_metadata=metadata))
+                before = dt.version()
+                version = _committed_version(queue, before, metadata["cues.commit"])
+        except CommitFailedError:
+            # Step 5
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 0.25)
+            continue
+        return AppendResult(queue=queue.name, ranges=ranges, version=version, attempts=attempt,
+                            metadata=metadata)
+    raise ConcurrentAppendError(
+        f"queue {queue.name!r}: gave up committing written files after {max_attempts} attempts; "
+        "retry later", queue=queue.name, partitions=sorted(parts))
+
+
+def _committed_version(queue: Queue, before: int, token: str) -> int | None:
+    """The version of the commit carrying ``token`` (``create_write_transaction`` returns none and
+    delta-rs may have rebased it over other writers' commits): searched among the new ones."""
+    dt = queue.refresh()
+    for entry in dt.history(max(dt.version() - before, 1)):
+        if entry.get("cues.commit") == token:
+            return int(entry["version"])
+    return None

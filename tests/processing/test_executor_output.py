@@ -1,0 +1,131 @@
+"""``OutputWriter.EXECUTORS``: Spark's executors write a step's output files and the driver
+commits them by reference. Every test compares with what the driver path delivers and checks
+where the committed files came from (Spark's folders ``_partition=0/step-*`` vs delta-rs')."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pyarrow.compute as pc
+import pytest
+from pyspark.sql import functions as F
+
+from cues_platform.audit import audit
+from cues_platform.processing import GraphRunner, OutputWriter, SimulatedCrash, Strategy
+from cues_platform.queues.schema import DELIVERY_HASH, OFFSET
+from tests.processing.graphs import PID, CrashAt, build_graph, ids_of, load_inputs
+from tests.support import rows
+
+N = 30
+
+
+def with_writer(graph, writer: OutputWriter):
+    proc = graph.processors[PID]
+    proc = replace(proc, options=replace(proc.options, output_writer=writer))
+    return type(graph).build(name=graph.name, queues=list(graph.queues.values()), processors=[proc],
+                             error_queue=graph.error_queue)
+
+
+def spark_written(lake, queue: str) -> list[bool]:
+    """Per committed file of ``queue``: was it written by the executors?"""
+    return [f.path.split("/")[1].startswith("step-") for f in lake.queue(queue).files()]
+
+
+def committed(lake, queue: str):
+    return lake.queue(queue).table.to_pyarrow_table().sort_by(OFFSET)
+
+
+@pytest.mark.parametrize("strategy", [Strategy.EXACTLY_ONCE, Strategy.AT_LEAST_ONCE])
+def test_executors_write_what_the_driver_would_with_dense_offsets(spark, lake, strategy) -> None:
+    graph = with_writer(build_graph("map", strategy=strategy), OutputWriter.EXECUTORS)
+    runner = GraphRunner(graph=graph, lake=lake, spark=spark)
+    load_inputs(lake, "map", N)
+    stats = runner.run_until_idle()[PID]
+    assert ids_of(lake, "b") == [2 * i for i in range(N)]
+    table = committed(lake, "b")
+    assert table[OFFSET].to_pylist() == list(range(N))  # dense, from 0, no repeat
+    hashes = [r.delivery_hash for r in stats.results]
+    assert len(hashes) == 3 and set(table[DELIVERY_HASH].to_pylist()) == set(hashes)
+    assert spark_written(lake, "b") and all(spark_written(lake, "b"))
+    if strategy is Strategy.EXACTLY_ONCE:
+        report = audit(lake)
+        assert report.ok, report.violations
+
+
+def test_a_writer_appending_between_write_and_commit_gets_its_offsets_and_the_step_is_rewritten(
+        spark, lake) -> None:
+    """The files carry offsets another writer took: the step's rows are appended again with new
+    ones (one commit, no gap, no repeat) and the files are left out of the snapshot."""
+    graph = with_writer(build_graph("map"), OutputWriter.EXECUTORS)
+    intruded = []
+
+    def intrude(point: str) -> None:
+        if point == "after_prepare" and not intruded:
+            intruded.append(lake.queue("b").append(rows(1000, 1), partition="0"))
+
+    runner = GraphRunner(graph=graph, lake=lake, spark=spark, hook=intrude)
+    load_inputs(lake, "map", N)
+    runner.run_until_idle()
+    table = committed(lake, "b")
+    assert table[OFFSET].to_pylist() == list(range(N + 1))
+    assert sorted(table["id"].to_pylist()) == sorted([1000] + [2 * i for i in range(N)])
+    assert intruded[0].first_offset == 0
+    assert spark_written(lake, "b").count(False) == 2  # the intruder's file and the rewritten step
+    report = audit(lake)  # only the intruder's row is outside the protocol; no step is doubled
+    assert [(v.kind, v.queue, v.offsets) for v in report.violations] == [("no_delivery_hash", "b", (0, 1))]
+
+
+def test_a_crash_after_the_executors_wrote_delivers_once(spark, lake) -> None:
+    graph = with_writer(build_graph("map"), OutputWriter.EXECUTORS)
+    load_inputs_runner = GraphRunner(graph=graph, lake=lake, spark=spark,
+                                     hook=CrashAt("after_prepare", 2))
+    load_inputs(lake, "map", N)
+    with pytest.raises(SimulatedCrash):
+        load_inputs_runner.run_until_idle()
+    GraphRunner(graph=graph, lake=lake, spark=spark).run_until_idle()
+    assert ids_of(lake, "b") == [2 * i for i in range(N)]
+    assert committed(lake, "b")[OFFSET].to_pylist() == list(range(N))
+    report = audit(lake)
+    assert report.ok, report.violations
+
+
+def test_other_column_types_fall_back_to_the_driver_which_converts_them(spark, lake) -> None:
+    """int32 ids are not the queue's int64: the executors do not write; the driver converts."""
+    def fn(ctx, src):
+        return src.select((F.col("id") * 2).cast("int").alias("id"), F.col("note"))
+
+    graph = with_writer(build_graph("map", fn=fn), OutputWriter.EXECUTORS)
+    runner = GraphRunner(graph=graph, lake=lake, spark=spark)
+    load_inputs(lake, "map", N)
+    runner.run_until_idle()
+    assert ids_of(lake, "b") == [2 * i for i in range(N)]
+    assert not any(spark_written(lake, "b"))
+
+
+@pytest.mark.parametrize("writer", [OutputWriter.EXECUTORS, OutputWriter.DRIVER])
+def test_nulls_in_a_required_column_are_the_same_contract_break_either_way(spark, lake, writer) -> None:
+    def fn(ctx, src):
+        return src.select(F.when(F.col("id") == 13, None).otherwise(F.col("id")).alias("id"),
+                          F.col("note"))
+
+    graph = with_writer(build_graph("map", fn=fn), writer)
+    runner = GraphRunner(graph=graph, lake=lake, spark=spark)
+    load_inputs(lake, "map", N)
+    runner.run_until_idle()
+    errors = lake.queue("errors").table.to_pyarrow_table()
+    assert errors.num_rows == 1
+    assert "NullValueError" in errors["exception_type"][0].as_py()
+    assert "'id'" in errors["message"][0].as_py()
+    assert ids_of(lake, "b") == list(range(10)) + list(range(20, 30))
+    assert pc.all(pc.is_valid(committed(lake, "b")["id"])).as_py()
+    assert audit(lake).ok
+
+
+def test_auto_writes_small_steps_on_the_driver(spark, lake) -> None:
+    graph = build_graph("map")
+    assert graph.processors[PID].options.output_writer is OutputWriter.AUTO
+    GraphRunner(graph=graph, lake=lake, spark=spark)
+    load_inputs(lake, "map", N)
+    GraphRunner(graph=graph, lake=lake, spark=spark).run_until_idle()
+    assert ids_of(lake, "b") == [2 * i for i in range(N)]
+    assert not any(spark_written(lake, "b"))
