@@ -15,7 +15,11 @@ amount > 9,000 -> REJECTED insufficient_funds; else OK). Every contender runs th
   files) -> price -> the exactly-once file sink, ``trigger(availableNow=True)``: 10 micro-batches;
 - ``cues_exactly_once`` / ``cues_at_least_once`` / ``cues_at_most_once``: one MAP processor,
   ``batch_size = rows / 10`` (10 steps), input queue filled with the same 10 chunks;
-- ``cues_exactly_once_default``: the same MAP with default ``Options`` (the backlog target).
+- ``cues_exactly_once_default``: the same MAP with default ``Options`` (the backlog target);
+- ``cues_exactly_once_driver``: the 10 steps with ``OutputWriter.DRIVER`` (every output row
+  collected to the driver, as before executor writes), to show what the executors' writes change.
+  The other cues contenders use the default ``OutputWriter.AUTO``: 100k-row steps are written
+  by the executors.
 
 Every contender is warmed up once (untimed), then ``--rounds`` rounds run every contender once,
 the order rotated by one each round (no contender is always first). Times are medians; ratios are
@@ -60,6 +64,7 @@ from cues_platform.processing import (  # noqa: E402
     Kind,
     Options,
     Out,
+    OutputWriter,
     Processor,
     QueueDef,
     Strategy,
@@ -161,13 +166,14 @@ class Jobs:
 
 
 # -- contenders ------------------------------------------------------------------------------------
-def cues_graph(strategy: Strategy, batch: int | None, *, fx: Any) -> Graph:
+def cues_graph(strategy: Strategy, batch: int | None, *, fx: Any,
+               writer: OutputWriter = OutputWriter.AUTO) -> Graph:
     def fn(ctx: Any, postings: Any) -> Any:
         return price(postings, fx)
 
     # fixed-size steps for the 10-step contenders (no backlog steps); defaults for the backlog one
-    opts = (Options(strategy=strategy) if batch is None
-            else Options(batch_size=batch, max_batch_size=batch, strategy=strategy))
+    opts = (Options(strategy=strategy, output_writer=writer) if batch is None
+            else Options(batch_size=batch, max_batch_size=batch, strategy=strategy, output_writer=writer))
     return Graph.build(name="peers", queues=[QueueDef("postings", POSTINGS), QueueDef("priced", PRICED)],
                        processors=[Processor("price", Kind.MAP, fn, {"postings": In("postings")},
                                              {"out": Out("priced")}, options=opts)])
@@ -212,12 +218,13 @@ def run_spark_streaming(spark: Any, data: Data, fx: Any, jobs: Jobs, work: Path)
     return Run(seconds, total, batches, [])
 
 
-def run_cues(strategy: Strategy, *, default_options: bool = False) -> Callable[..., Run]:
+def run_cues(strategy: Strategy, *, default_options: bool = False,
+             writer: OutputWriter = OutputWriter.AUTO) -> Callable[..., Run]:
     def run(spark: Any, data: Data, fx: Any, jobs: Jobs, work: Path) -> Run:
         root = work / "lake"
         shutil.copytree(data.lake, root)
         lake = Lake(root=str(root))
-        graph = cues_graph(strategy, None if default_options else data.rows // CHUNKS, fx=fx)
+        graph = cues_graph(strategy, None if default_options else data.rows // CHUNKS, fx=fx, writer=writer)
         groups: list[str] = []
         done: list[str] = []
 
@@ -258,6 +265,8 @@ CONTENDERS: dict[str, Callable[..., Run]] = {
     "cues_at_least_once": run_cues(Strategy.AT_LEAST_ONCE),
     "cues_at_most_once": run_cues(Strategy.AT_MOST_ONCE),
     "cues_exactly_once_default": run_cues(Strategy.EXACTLY_ONCE, default_options=True),
+    # the same 10 steps with every row collected to the driver (the writer before issue 11 item 2)
+    "cues_exactly_once_driver": run_cues(Strategy.EXACTLY_ONCE, writer=OutputWriter.DRIVER),
 }
 
 
@@ -466,7 +475,8 @@ def main() -> None:
     ratios = {}
     for ours, theirs in [("cues_exactly_once", "spark_streaming"), ("cues_exactly_once", "spark_batch"),
                          ("cues_exactly_once_default", "spark_batch"), ("cues_exactly_once", "cues_at_least_once"),
-                         ("cues_exactly_once", "cues_at_most_once")]:
+                         ("cues_exactly_once", "cues_at_most_once"),
+                         ("cues_exactly_once", "cues_exactly_once_driver")]:
         if ours in runs and theirs in runs:
             rs = ratio(runs, ours, theirs)
             ratios[f"{ours}/{theirs}"] = {"per_round": rs, "median": median(rs)}

@@ -6,12 +6,14 @@ are checked exactly)."""
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import pytest
 
 from cues_platform.processing import (
     BackingQueue,
     GraphRunner,
+    OutputWriter,
     ProcessorFencedError,
     SimulatedCrash,
 )
@@ -186,7 +188,8 @@ def test_fenced_instance_preparing_cannot_change_the_newer_attempts_outputs(spar
     assert len(left) == 30 and left == right
 
 
-def test_a_zombie_commit_racing_the_fence_is_refused(spark, lake, monkeypatch):
+@pytest.mark.parametrize("writer", [OutputWriter.DRIVER, OutputWriter.EXECUTORS])
+def test_a_zombie_commit_racing_the_fence_is_refused(spark, lake, monkeypatch, writer):
     """The race itself: the older instance's home commit of step 1 has passed its epoch check when
     the newer instance fences the home queue. Both commits carry the app transaction
     ``epoch:{p}``, so Delta refuses the older one as a concurrent transaction; its retry reads the
@@ -194,6 +197,10 @@ def test_a_zombie_commit_racing_the_fence_is_refused(spark, lake, monkeypatch):
     from cues_platform.processing import home as home_module
 
     graph = build_graph("map")
+    proc = graph.processors[PID]
+    graph = type(graph).build(
+        name=graph.name, queues=list(graph.queues.values()), error_queue=graph.error_queue,
+        processors=[replace(proc, options=replace(proc.options, output_writer=writer))])
     real_guard = home_module.home_guard
     newer: list[GraphRunner] = []
 
