@@ -18,6 +18,9 @@ none. Persistence, on every step (``ExactlyOnceStepper.step``):
 3. Prepare: materialize the result once (Spark is lazy: the user's plan runs here, so a failure
    is classified as in step 2), drop the queues' reserved metadata columns that the input frames
    carried (``_offset``, ``_delivery_hash``...), conform it to the output contracts, in memory.
+   An output the executors write (``Options.output_writer``, ``processing/executor_output.py``)
+   is instead written by Spark as Parquet files inside its queue's folder, with its offsets; the
+   driver keeps only their footers and step 4 commits them by reference.
 4. One commit, when every prepared row goes to the home queue (map, join, alts, a fork whose
    other outputs are empty this step; a nil step): commit the rows (or none) to the home queue
    with the delivery hash in their rows, the app transactions ``proc:{p} = step``,
@@ -44,6 +47,7 @@ Crash safety, point by point (names are the hook points the crash matrix crashes
   (one-commit path): nothing is recorded; recovery finds the home at step n-1 with the positions
   of step n-1 and plans step n again from the same starts (with new data its ranges may be
   longer, so its hash may differ: nothing of the crashed attempt was ever visible).
+  Files the executors wrote are in no snapshot: orphans that vacuum removes, never read.
 - ``after_commit`` (one-commit path): the home has step n with its positions; recovery resumes
   at n+1. The commit is atomic, so no state lies between "rows visible" and "positions stored".
 - ``after_prepare`` (attempt path): files may be staged but no record names them: recovery plans
