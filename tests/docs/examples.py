@@ -161,10 +161,10 @@ RUN_BY: dict[tuple[str, str], str] = {
     ("README.md", DAGSTER_DEV): f"{DOCS_TESTS}::test_dagster_dev_serves_the_deployment",
     ("docs/reference-pipeline.md", DAGSTER_DEV): f"{DOCS_TESTS}::test_dagster_dev_serves_the_deployment",
     ("docs/reference-pipeline.md", MATERIALIZE_DAY): f"{DOCS_TESTS}::test_cues_demo_then_a_day_again",
-    ("docs/reference-pipeline.md", ".venv/bin/cues demo --engine dagster"):
+    ("docs/reference-pipeline.md", ".venv/bin/cues demo --engine dagster --messages 500"):
         f"{DOCS_TESTS}::test_cues_demo_engine_dagster",
     ("docs/reference-pipeline.md", ".venv/bin/cues demo --queues"): f"{DOCS_TESTS}::test_cues_demo_queues",
-    ("docs/jepsen.md", "cues jepsen --duration 60 --keys 2000"):
+    ("docs/jepsen.md", "cues jepsen --duration 40 --keys 1500"):
         "tests/jepsen/test_jepsen.py::test_jepsen_harness_every_check_passes",
     ("docs/dagster.md", "A graph becomes definitions"): f"{DOCS_TESTS}::test_build_definitions_example",
     ("docs/auditor.md", "The auditor"): f"{DOCS_TESTS}::test_auditor_examples",

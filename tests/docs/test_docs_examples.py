@@ -244,7 +244,7 @@ def test_cues_demo_then_a_day_again(workspace: Path) -> None:
 
 def test_cues_demo_engine_dagster(workspace: Path) -> None:
     """The main job processed by materializing the Dagster assets in process: exact and clean."""
-    out = run_printed(command("docs/reference-pipeline.md", ".venv/bin/cues demo --engine dagster"), workspace,
+    out = run_printed(command("docs/reference-pipeline.md", ".venv/bin/cues demo --engine dagster --messages 500"), workspace,
                       timeout=DEMO_TIMEOUT).stdout
     assert "exact" in out and "clean" in out, out[-3000:]
 

@@ -55,7 +55,7 @@ def run_harness(argv: list[str], tmp_path: Path, timeout: float) -> dict:
 @pytest.mark.soak
 @pytest.mark.timeout(4000 if soak_enabled() else 1000)  # over pyproject's 600 s: the run's own bound rules
 def test_jepsen_harness_every_check_passes(tmp_path):
-    # CI runs docs/jepsen.md's "cues jepsen --duration 60 --keys 2000" exactly as printed.
+    # CI runs docs/jepsen.md's "cues jepsen --duration 40 --keys 1500" exactly as printed.
     commands = [shlex.split(c) for c in doc_commands()] if not soak_enabled() else [FULL]
     assert commands, "docs/jepsen.md shows no command"
     for argv in commands:

@@ -43,7 +43,7 @@ from tests.processing.graphs import (
     make_fn,
     random_fork_fn,
 )
-from tests.support import ROOT
+from tests.support import ROOT, soak_enabled
 
 
 def one_commit(kind: str, outcome: str) -> bool:
@@ -61,7 +61,19 @@ def reached(kind: str, outcome: str, point: str) -> bool:
     return True
 
 
-MATRIX = [(k, o, p) for k, o, p in itertools.product(KINDS, OUTCOMES, STEP_POINTS) if reached(k, o, p)]
+# Before its function returns, a non-sink step has recorded nothing (its snapshot goes into its
+# commit), so crashing at after_snapshot or after_read leaves the lake exactly as crashing at
+# after_function does. CI runs those equivalent points for sinks only (whose snapshot record makes
+# them differ); CUES_SOAK=1 runs every point of every kind.
+EQUIVALENT_TO_AFTER_FUNCTION = ("after_snapshot", "after_read")
+
+
+def in_this_run(kind: str, point: str) -> bool:
+    return soak_enabled() or kind == "sink" or point not in EQUIVALENT_TO_AFTER_FUNCTION
+
+
+MATRIX = [(k, o, p) for k, o, p in itertools.product(KINDS, OUTCOMES, STEP_POINTS)
+          if reached(k, o, p) and in_this_run(k, p)]
 
 
 def crash_then_recover(spark, lake: Lake, graph, hook: CrashAt, kind: str) -> None:
