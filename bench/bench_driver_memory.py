@@ -63,6 +63,8 @@ def load(root: str, rows: int) -> None:
     graph = _graph(rows, "driver")
     from cues_platform.processing.runner import create_queues
 
+    # a step of N rows is one batch of the output queue: its row limit must admit it
+    lake.create_queue("output", schema=graph.queues["output"].schema, max_batch_rows=max(rows, 1))
     create_queues(graph, lake)
     queue = lake.queue("input")
     for start in range(0, rows, CHUNK):
@@ -74,7 +76,16 @@ def load(root: str, rows: int) -> None:
 def _graph(rows: int, writer: str):  # noqa: ANN202 - a Graph
     import pyarrow as pa
 
-    from cues_platform.processing import Graph, In, Kind, Options, Out, OutputWriter, Processor, QueueDef
+    from cues_platform.processing import (
+        Graph,
+        In,
+        Kind,
+        Options,
+        Out,
+        OutputWriter,
+        Processor,
+        QueueDef,
+    )
 
     schema = pa.schema([pa.field("id", pa.int64()), pa.field("note", pa.string())])
 
@@ -150,7 +161,11 @@ def main() -> None:
             for writer in writers:
                 work = template / f"run-{writer}"
                 shutil.copytree(template / "lake", work)
-                result = json.loads(_run("--_step", str(work), str(rows), writer).splitlines()[-1])
+                try:
+                    result = json.loads(_run("--_step", str(work), str(rows), writer).splitlines()[-1])
+                except RuntimeError as exc:  # e.g. the driver path out of memory: a result too
+                    lines = [ln for ln in str(exc).splitlines() if "Error" in ln or "error" in ln]
+                    result = {"writer": writer, "rows": rows, "failed": (lines or [str(exc)])[-1][:500]}
                 print(result, flush=True)
                 results.append(result)
                 shutil.rmtree(work)
@@ -158,10 +173,11 @@ def main() -> None:
             shutil.rmtree(template, ignore_errors=True)
 
     def peak(writer: str, rows: int, key: str) -> float | None:
-        return next((r[key] for r in results if r["writer"] == writer and r["rows"] == rows), None)
+        return next((r.get(key) for r in results if r["writer"] == writer and r["rows"] == rows), None)
 
     small, large = min(sizes), max(sizes)
-    growth = {w: {k: (round(peak(w, large, k) / peak(w, small, k), 2) if peak(w, small, k) else None)
+    growth = {w: {k: (round(peak(w, large, k) / peak(w, small, k), 2)
+                      if peak(w, small, k) and peak(w, large, k) else None)
                   for k in ("python_peak_mib", "jvm_peak_mib")} for w in ("driver", "executors")}
     ratio = growth["executors"]["python_peak_mib"]
     target = {"name": f"executors: Python driver peak at {large:,} rows <= 1.2x its peak at {small:,}",

@@ -8,11 +8,15 @@ For that output, :func:`write_by_executors`:
    without running anything). A mismatch is not an error here: the step is written by the
    driver, whose ``conform`` names the column and what to change.
 2. Reads the partition's next offset ``start`` (the step's commit re-checks it).
-3. Job 1: runs the user's plan once, caches it on the executors (``MEMORY_AND_DISK``) with each
-   row's Spark partition id and its index inside that partition (``monotonically_increasing_id``
-   is ``partition_id << 33 | index``), and counts the rows of each Spark partition. The driver
-   turns the counts into one base offset per Spark partition: ``start`` plus the rows before it.
-4. Job 2: the executors write the cached rows as Parquet files into a fresh folder of the queue
+3. Job 1: runs the user's plan with each row's Spark partition id and its index inside that
+   partition (``monotonically_increasing_id`` is ``partition_id << 33 | index``) and counts the
+   rows of each Spark partition. The driver turns the counts into one base offset per Spark
+   partition: ``start`` plus the rows before it. The plan is not cached by default (``cache``):
+   on 1M rows, building Spark's in-memory cache cost more than running a read-and-transform plan
+   twice (measured: count 0.36 s + write 1.33 s recomputed, 2.4 s + 0.96 s cached). A plan that
+   is not deterministic may number its rows differently in job 2: step 5 then finds the gap or
+   repeat and the rows are rewritten, so the result stays right, only slower.
+4. Job 2: the executors write the rows as Parquet files into a fresh folder of the queue
    (``_partition={p}/step-{hash8}-{uuid}``), each row with ``_offset = base + index`` and the
    other metadata columns (delivery hash, message type, append time) as literals.
 5. The driver reads the files' footers only and verifies them
@@ -60,7 +64,11 @@ from cues_platform.queues.schema import (
     TXN_ID,
 )
 
-AUTO_EXECUTOR_ROWS = 100_000  # OutputWriter.AUTO: executors from this many input rows per step
+# OutputWriter.AUTO: executors only for steps reading more than this many input rows. Measured on
+# 2 local cores (docs/benchmarks.md): Spark's Parquet writer took 2.1 s for 1M rows in one task
+# where collecting to Arrow and delta-rs' writer took 1.3 s for the whole step, so below this the
+# driver is faster; above it the driver's memory grows with the step and the executors' does not.
+AUTO_EXECUTOR_ROWS = 1_000_000
 _PID, _MID = "__cues_pid", "__cues_mid"
 
 
@@ -84,7 +92,7 @@ def executor_output(
         return None
     if processor.strategy is Strategy.EXACTLY_ONCE and out.queue != home:
         return None  # an attempt over several queues stages its files; not this path
-    if writer is OutputWriter.AUTO and input_rows < AUTO_EXECUTOR_ROWS:
+    if writer is OutputWriter.AUTO and input_rows <= AUTO_EXECUTOR_ROWS:
         return None
     return out
 
@@ -104,7 +112,8 @@ def _matches(frame: Any, queue: Queue) -> bool:
 
 
 def write_by_executors(
-    frame: Any, queue: Queue, *, partition: str, delivery_hash: str, message_type: str = "message"
+    frame: Any, queue: Queue, *, partition: str, delivery_hash: str, message_type: str = "message",
+    cache: bool = False,
 ) -> WrittenPart | pa.Table | None:
     """Steps 1-5 of the module docstring: the verified files (``WrittenPart``), or the rows as an
     Arrow table for the driver path (Step 1 or Step 5 refused), or None when the step has no row."""
@@ -123,7 +132,9 @@ def write_by_executors(
     payload = queue.payload_schema
     cached = frame.select(*[F.col(n) for n in payload.names],
                           F.spark_partition_id().alias(_PID),
-                          F.monotonically_increasing_id().alias(_MID)).persist(StorageLevel.MEMORY_AND_DISK)
+                          F.monotonically_increasing_id().alias(_MID))
+    if cache:
+        cached = cached.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         counts = {int(r[0]): int(r[1]) for r in cached.groupBy(_PID).count().collect()}
         rows = sum(counts.values())
@@ -157,7 +168,8 @@ def write_by_executors(
         )
         out.write.mode("errorifexists").parquet(_join(queue.uri, relative))
     finally:
-        cached.unpersist()
+        if cache:
+            cached.unpersist()
     # Step 5
     footers = [read_footer(queue, f"{relative}/{name}") for name in _parquet_files(queue, relative)]
     try:
