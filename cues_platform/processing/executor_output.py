@@ -50,7 +50,7 @@ from cues_platform.queues.by_reference import (
     NotCommittableError,
     WrittenPart,
     read_footer,
-    read_written,
+    read_written_paths,
     verify_written,
 )
 from cues_platform.queues.schema import (
@@ -171,11 +171,12 @@ def write_by_executors(
         if cache:
             cached.unpersist()
     # Step 5
-    footers = [read_footer(queue, f"{relative}/{name}") for name in _parquet_files(queue, relative)]
+    names = _parquet_files(queue, relative)
     try:
+        footers = [read_footer(queue, f"{relative}/{name}") for name in names]
         return verify_written(queue, partition, start, footers)
     except NotCommittableError:
-        return read_written(queue, footers)
+        return read_written_paths(queue, [f"{relative}/{name}" for name in names])
 
 
 def _driver(frame: Any) -> pa.Table:

@@ -157,9 +157,14 @@ def verify_written(queue: Queue, partition: str, start: int, files: Sequence[Fil
 
 def read_written(queue: Queue, files: Sequence[FileFooter]) -> pa.Table:
     """The payload columns of written files, in offset order: the rows to rewrite."""
+    return read_written_paths(queue, [f.path for f in files])
+
+
+def read_written_paths(queue: Queue, paths: Sequence[str]) -> pa.Table:
+    """:func:`read_written` by relative paths (files whose footers could not be used)."""
     tables = []
-    for f in files:
-        uri = join_uri(queue.uri, f.path)
+    for relative in paths:
+        uri = join_uri(queue.uri, relative)
         filesystem, path = fs.FileSystem.from_uri(uri) if "://" in uri else (fs.LocalFileSystem(), uri)
         tables.append(pq.read_table(path, filesystem=filesystem))
     if not tables:
