@@ -126,7 +126,9 @@ def run_metadata(graph: Graph, proc: Processor, runner: GraphRunner, stopped: st
     stepper = runner.steppers[proc.id]
     results = [r for r in stats.results if rolled_forward or not r.recovered]
     err = graph.error_queue_of(proc)
-    to_errors = sum(r.rows_out.get(err, 0) for r in results if r.outcome == "error") if err else 0
+    # every row a step sent to the error queue: a failed step's error row, and the contract breaks
+    # of a step that delivered its other rows (outcome "output")
+    to_errors = sum(r.rows_out.get(err, 0) for r in results) if err else 0
     outcomes = {k: sum(r.outcome == k for r in results) for k in ("output", "error", "nil")}
     lag: dict[str, int] = {}
     for binding, src in proc.inputs.items():

@@ -66,3 +66,18 @@ def test_bounds_stop_early_and_the_next_run_goes_on(defs, lake, instance) -> Non
                         selection=[AssetKey("enriched")], run_config=secs)
     assert _materializations(third)["enriched"]["cues/stopped"] == "max_seconds"
     assert audit(lake).ok
+
+
+def test_rows_to_errors_counts_contract_breaks_of_steps_that_also_had_output(defs, lake, instance) -> None:
+    """Two orders whose doubled ids break ``enriched``'s contract (id >= 0) go to the error queue
+    in a step that delivers its other rows: the metadata counts them (it counted only the rows of
+    failed steps), and the rows out are the good ones."""
+    load_orders(lake, start=-2, count=32)
+    result = materialize(assets_of(defs), resources=resources_of(defs), instance=instance,
+                         selection=[AssetKey("enriched")])
+    assert result.success
+    enriched = _materializations(result)["enriched"]
+    assert lake.queue("errors").count() == 2
+    assert enriched["cues/rows_to_errors"] == 2
+    assert enriched["cues/rows_out"] == 30 and enriched["cues/rows_in"] == 32
+    assert enriched["cues/outcomes"] == {"output": 4, "error": 0, "nil": 0}
