@@ -104,10 +104,11 @@ def validate_contract(contract: Any, df: Any) -> tuple[bool, list[dict[str, Any]
         try:
             schema.validate(frame, lazy=True)
         except pe.SchemaErrors as exc:
-            cases = exc.failure_cases
+            # every case (the metadata lists MAX_LISTED of them but counts them all); "index" is
+            # the failing row, so a row-level check that pandera reports once per column counts once
             failures = [{"column": str(r.get("column")), "check": str(r.get("check")),
-                         "failure_case": str(r.get("failure_case"))}
-                        for r in cases.head(MAX_LISTED).to_dict("records")]
+                         "failure_case": str(r.get("failure_case")), "index": _index(r.get("index"))}
+                        for r in exc.failure_cases.to_dict("records")]
             return False, failures or [{"error": str(exc)[:500]}]
         except pe.SchemaError as exc:
             return False, [{"error": str(exc)[:500]}]
@@ -121,6 +122,26 @@ def validate_contract(contract: Any, df: Any) -> tuple[bool, list[dict[str, Any]
                 failures.append({"scope": scope, "reason": reason, "column": str(item.get("column")),
                                  "check": str(item.get("check")), "error": str(item.get("error"))[:300]})
     return not failures, failures
+
+
+def _index(value: Any) -> str | None:
+    """A failure case's row index as text; None for schema-level failures (no row)."""
+    import math
+
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return str(value)
+
+
+def failure_counts(failures: list[dict[str, Any]]) -> dict[str, Any]:
+    """``failures``: one per failing (row, check), a row-level check reported once per column
+    counted once; ``failing_rows``: distinct rows (None when the validator names no rows, as
+    pandera.pyspark's summary does)."""
+    rows = {f["index"] for f in failures if f.get("index") is not None}
+    pairs = {(f.get("index"), f.get("check"), None if f.get("index") is not None else f.get("column"))
+             for f in failures}
+    named = any("index" in f for f in failures)
+    return {"failures": len(pairs), "failing_rows": len(rows) if named else None}
 
 
 # -- checks --------------------------------------------------------------------------------------
@@ -168,7 +189,7 @@ def build_processor_checks(graph: Graph, proc: Processor, *, prefix: Sequence[st
                     asset_key=spec.asset_key, check_name=CONTRACT, passed=passed,
                     severity=AssetCheckSeverity.ERROR,
                     metadata={"queue": q, "sample_rows_per_partition": CONTRACT_SAMPLE_ROWS,
-                              "failures": len(failures),
+                              **{k: v for k, v in failure_counts(failures).items() if v is not None},
                               "failed_checks": sorted({f"{f.get('column')}: {f.get('check')}" for f in failures}),
                               "details": json.dumps(failures[:MAX_LISTED], default=str)})
             else:

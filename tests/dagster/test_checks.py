@@ -8,6 +8,7 @@ import pyarrow.compute as pc
 from dagster import AssetKey, AssetSelection, materialize
 
 from cues_platform.dagster import validate_contract
+from cues_platform.dagster.checks import MAX_LISTED, failure_counts
 from cues_platform.processing.history import processor_history
 from tests.dagster.conftest import assets_of, resources_of
 from tests.dagster.graphs import contract, load_orders
@@ -37,7 +38,8 @@ def test_contract_and_exactly_once_checks_fail_on_a_doctored_queue(defs, lake, i
     enriched.append(pa.table({"id": pa.array([-4], pa.int64()), "note": ["rogue"]}), partition="0")
     checks = _checks(defs, instance)
     passed, meta = checks["contract"]
-    assert not passed and meta["failures"] == 1 and meta["queue"] == "enriched"
+    assert not passed and meta["failures"] == 1 and meta["failing_rows"] == 1
+    assert meta["queue"] == "enriched"
     assert meta["failed_checks"] == ["id: greater_than_or_equal_to(0)"]
     assert "-4" in meta["details"]
     # a producer row (no delivery hash) in an exactly-once output is written outside the protocol
@@ -72,3 +74,24 @@ def test_validate_contract_on_pandas_and_spark(spark) -> None:
     assert not passed
     assert any(f["column"] == "id" and "greater_than_or_equal_to" in f["check"] for f in failures)
     assert validate_contract(spark_contract, spark.createDataFrame(good.to_pandas()))[0]
+
+
+def test_contract_failures_count_rows_and_checks_not_columns_and_are_not_capped() -> None:
+    """A row-level check that pandera reports once per column counts once per row; a whole-frame
+    check counts each failing row; counts cover every case, not only the MAX_LISTED listed."""
+    import pandera.pandas as pap
+
+    wide = pap.DataFrameSchema(
+        {"id": pap.Column("int64"), "amount": pap.Column("int64")},
+        checks=[pap.Check(lambda df: df > 0, name="all_positive"),
+                pap.Check(lambda df: df["id"] != 5, name="not_five")])
+    rows = pa.table({"id": pa.array([1, -1, 5, -2], pa.int64()),
+                     "amount": pa.array([1, -3, 2, -4], pa.int64())})
+    passed, failures = validate_contract(wide, rows)
+    assert not passed
+    assert failure_counts(failures) == {"failures": 3, "failing_rows": 3}  # rows 1, 3 and 2
+
+    many = pa.table({"id": pa.array([-i for i in range(1, MAX_LISTED + 6)], pa.int64()),
+                     "note": ["x"] * (MAX_LISTED + 5)})
+    passed, failures = validate_contract(contract(), many)
+    assert failure_counts(failures) == {"failures": MAX_LISTED + 5, "failing_rows": MAX_LISTED + 5}
