@@ -24,6 +24,7 @@ from dagster import (
     multi_asset,
 )
 
+from cues_platform.dagster.error_queues import observe_error_queue
 from cues_platform.dagster.io_manager import QUEUE_METADATA
 from cues_platform.dagster.materialize import (
     InjectedFailure,
@@ -185,6 +186,10 @@ def build_processor_asset(graph: Graph, proc: Processor, *, prefix: Sequence[str
             f"{meta['cues/rows_out']} out, {meta['cues/rows_to_errors']} to errors, "
             f"{meta['cues/recovered_attempts']} rolled forward; stopped: {stopped}; "
             f"lag {meta['cues/lag_total']}")
+        err = graph.error_queue_of(proc)
+        if err and err not in queues:
+            context.log_event(observe_error_queue(lake, err, key=queue_key(err, prefix), processor=pid,
+                                                  rows_from_run=meta["cues/rows_to_errors"]))
         if not queues:
             yield MaterializeResult(asset_key=specs[0].key, metadata=meta)
             return

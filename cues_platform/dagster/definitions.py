@@ -20,8 +20,10 @@ from cues_platform.dagster.assets import (
     external_queues,
     external_spec,
     processor_keys,
+    queue_key,
 )
 from cues_platform.dagster.checks import build_checks
+from cues_platform.dagster.error_queues import error_queue_spec, error_queue_writers
 from cues_platform.dagster.io_manager import CuesIOManager
 from cues_platform.dagster.resources import BackingQueueResource, CuesSparkResource, LakeResource
 from cues_platform.dagster.sensors import build_sensors
@@ -56,6 +58,8 @@ def build_definitions(
     - one ``multi_asset`` per processor (op name = processor id), one asset per output queue (key
       ``[*key_prefix, queue]``), a sink/imperative without outputs as one asset named after it;
     - external input queues as external ``AssetSpec``s; lineage from the topology;
+    - each error queue as an ``AssetSpec`` with an edge from every processor that writes it
+      (observed with its rows by processor and reason after each of their materializations);
     - blocking asset checks (``contract``, ``exactly_once``) per processor output;
     - a new-data sensor per processor with inputs (sink sensors for sinks), a recovery sensor;
     - the job ``{graph}__all`` of every processor asset and, unless ``schedule_cron`` is None, the
@@ -85,7 +89,13 @@ def build_definitions(
                                     group_name=group_name, retry_policy=retry_policy,
                                     runner_resource_keys=user_keys)
               for pid in graph.topological_order()]
-    _check_unique_keys(graph, prefix, {s.key for s in externals})
+    external_names = set(external_queues(graph))
+    errors = [error_queue_spec(graph, name, [k for pid in writers
+                                             for k in processor_keys(graph.processors[pid], prefix)],
+                               key=queue_key(name, prefix), group_name=group_name)
+              for name, writers in error_queue_writers(graph).items()
+              if name not in external_names]  # read by a processor: already an external asset
+    _check_unique_keys(graph, prefix, {s.key for s in [*externals, *errors]})
     keys = [k for pid in graph.topological_order() for k in processor_keys(graph.processors[pid], prefix)]
     job = define_asset_job(all_job_name(graph), selection=AssetSelection.assets(*keys),
                            description=f"every processor asset of graph {graph.name!r}",
@@ -95,7 +105,7 @@ def build_definitions(
         schedules.append(ScheduleDefinition(name=schedule_name(graph), cron_schedule=schedule_cron,
                                             job=job, description=f"runs graph {graph.name!r}"))
     return Definitions(
-        assets=[*externals, *assets],
+        assets=[*externals, *errors, *assets],
         asset_checks=build_checks(graph, prefix=prefix),
         sensors=build_sensors(graph, prefix=prefix, minimum_interval_seconds=sensor_interval_seconds,
                               max_recovery_attempts=max_recovery_attempts),
@@ -108,7 +118,7 @@ def build_definitions(
 def _check_unique_keys(graph: Graph, prefix: tuple[str, ...], external: set) -> None:
     from cues_platform.processing.errors import GraphError
 
-    seen: dict[Any, str] = {k: "external queue" for k in external}
+    seen: dict[Any, str] = {k: "external or error queue" for k in external}
     for pid in graph.topological_order():
         for key in processor_keys(graph.processors[pid], prefix):
             if key in seen:

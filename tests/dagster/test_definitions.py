@@ -16,9 +16,13 @@ def test_definitions_load_with_assets_lineage_checks_sensors_schedule() -> None:
     repo = defs.get_repository_def()
     ag = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in ag.get_all_asset_keys()}
-    assert keys == {"orders", "enriched", "big", "small", "archive"}
+    assert keys == {"orders", "enriched", "big", "small", "archive", "errors"}
     # external input queue: a source asset; processor outputs are materializable
     assert ag.get(AssetKey("orders")).is_external
+    # the error queue: not materializable, an edge from every processor that writes it
+    errors = ag.get(AssetKey("errors"))
+    assert errors.is_external and errors.tags["cues/role"] == "error_queue"
+    assert {p.to_user_string() for p in errors.parent_keys} == {"enriched", "big", "small", "archive"}
     assert all(ag.get(AssetKey(k)).is_materializable for k in ("enriched", "big", "small", "archive"))
     # lineage from the topology
     parents = {k: {p.to_user_string() for p in ag.get(AssetKey(k)).parent_keys}

@@ -81,3 +81,10 @@ def test_rows_to_errors_counts_contract_breaks_of_steps_that_also_had_output(def
     assert enriched["cues/rows_to_errors"] == 2
     assert enriched["cues/rows_out"] == 30 and enriched["cues/rows_in"] == 32
     assert enriched["cues/outcomes"] == {"output": 4, "error": 0, "nil": 0}
+    # the error queue asset is observed with the lake's counts by processor and reason
+    (obs,) = [e.event_specific_data.asset_observation for e in result.all_events
+              if e.event_type_value == "ASSET_OBSERVATION"]
+    meta = {k: v.value for k, v in obs.metadata.items()}
+    assert obs.asset_key == AssetKey("errors") and meta["dagster/row_count"] == 2
+    assert meta["cues/by_processor"] == {"enrich": {"cues_platform.ContractViolation": 2}}
+    assert meta["cues/rows_from_this_run"] == 2
