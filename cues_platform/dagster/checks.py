@@ -23,6 +23,7 @@ from dagster import (
     AssetCheckResult,
     AssetCheckSeverity,
     AssetCheckSpec,
+    asset_check,
     multi_asset_check,
 )
 
@@ -43,6 +44,7 @@ CONTRACT_SAMPLE_ROWS = 10_000
 MAX_LISTED = 20
 CONTRACT = "contract"
 EXACTLY_ONCE = "exactly_once"
+PLATFORM_ERRORS = "no_platform_errors"
 
 
 # -- contracts ------------------------------------------------------------------------------------
@@ -218,14 +220,45 @@ def build_processor_checks(graph: Graph, proc: Processor, *, prefix: Sequence[st
     return _checks
 
 
+def build_error_queue_check(name: str, *, prefix: Sequence[str] = ()) -> Any:
+    """``no_platform_errors`` on the error queue's asset: fails while the queue holds an error
+    row whose exception type is the platform's (Delta, the file system, Py4J/Spark, ours): such a
+    row was written by a failure that was never the user's (older versions filed them as the
+    user's), and the step it names must be looked at (``cues audit`` reports it too)."""
+    from cues_platform.dagster.error_queues import error_counts
+    from cues_platform.processing.failures import Origin, origin_of_exception_type
+
+    @asset_check(asset=queue_key(name, prefix), name=PLATFORM_ERRORS, required_resource_keys={LAKE_KEY},
+                 description=f"no error row of {name!r} was written by a platform failure")
+    def _check(context: AssetCheckExecutionContext) -> AssetCheckResult:
+        lake = getattr(context.resources, LAKE_KEY).lake()
+        found = {proc: {r: n for r, n in reasons.items() if origin_of_exception_type(r) is Origin.PLATFORM}
+                 for proc, reasons in error_counts(lake, name).items()}
+        found = {proc: reasons for proc, reasons in found.items() if reasons}
+        rows = sum(sum(r.values()) for r in found.values())
+        return AssetCheckResult(
+            passed=rows == 0, severity=AssetCheckSeverity.ERROR,
+            metadata={"queue": name, "platform_error_rows": rows, "by_processor": found,
+                      "what_to_do": "each row names its processor, step and inputs; run `cues audit` "
+                                    "and see docs/auditor.md (platform_error)" if rows else ""})
+
+    return _check
+
+
 def build_checks(graph: Graph, *, prefix: Sequence[str] = ()) -> list[Any]:
+    from cues_platform.dagster.assets import external_queues
+    from cues_platform.dagster.error_queues import error_queue_writers
+
     out = []
     for pid in graph.topological_order():
         c = build_processor_checks(graph, graph.processors[pid], prefix=prefix)
         if c is not None:
             out.append(c)
+    external = set(external_queues(graph))
+    out += [build_error_queue_check(name, prefix=prefix)
+            for name in error_queue_writers(graph) if name not in external]
     return out
 
 
-__all__ = ["CONTRACT", "EXACTLY_ONCE", "build_checks", "build_processor_checks", "latest_rows",
+__all__ = ["CONTRACT", "EXACTLY_ONCE", "PLATFORM_ERRORS", "build_checks", "build_processor_checks", "latest_rows",
            "queue_key", "validate_contract"]

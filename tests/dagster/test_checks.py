@@ -95,3 +95,33 @@ def test_contract_failures_count_rows_and_checks_not_columns_and_are_not_capped(
                      "note": ["x"] * (MAX_LISTED + 5)})
     passed, failures = validate_contract(contract(), many)
     assert failure_counts(failures) == {"failures": MAX_LISTED + 5, "failing_rows": MAX_LISTED + 5}
+
+
+def test_the_error_queue_check_fails_on_a_row_a_platform_failure_wrote(defs, lake, instance) -> None:
+    """User and contract error rows are legitimate; a row whose exception type is Spark's (the
+    way older versions filed a dying executor as the user's error) fails ``no_platform_errors``."""
+    from datetime import UTC, datetime
+
+    from cues_platform.processing import ERROR_SCHEMA
+
+    load_orders(lake, start=-1, count=11)  # one contract break: a legitimate error row
+    assert materialize(assets_of(defs), resources=resources_of(defs), instance=instance,
+                       selection=[AssetKey("enriched")]).success
+
+    def check() -> tuple[bool, dict]:
+        result = materialize(assets_of(defs), resources=resources_of(defs), instance=instance,
+                             selection=AssetSelection.checks_for_assets(AssetKey("errors")),
+                             raise_on_error=False)
+        (ev,) = result.get_asset_check_evaluations()
+        assert ev.check_name == "no_platform_errors"
+        return ev.passed, {k: v.value for k, v in ev.metadata.items()}
+
+    passed, meta = check()
+    assert passed and meta["platform_error_rows"] == 0
+    row = {"processor": ["enrich"], "step": [7], "inputs": ['{"src": ["orders", "0", 70, 80]}'],
+           "exception_type": ["py4j.protocol.Py4JJavaError"], "message": ["executor lost"],
+           "traceback": [""], "failed_at": [datetime.now(UTC)], "queue": [None], "payload": [None]}
+    lake.queue("errors").append(pa.table(row, schema=ERROR_SCHEMA), partition="0")
+    passed, meta = check()
+    assert not passed and meta["platform_error_rows"] == 1
+    assert meta["by_processor"] == {"enrich": {"py4j.protocol.Py4JJavaError": 1}}

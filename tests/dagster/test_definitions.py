@@ -45,7 +45,9 @@ def test_definitions_load_with_assets_lineage_checks_sensors_schedule() -> None:
     assert AssetCheckKey(AssetKey("enriched"), "contract") in checks
     for k in ("enriched", "big", "small", "archive"):
         assert AssetCheckKey(AssetKey(k), "exactly_once") in checks
-    assert all(ag.get_check_spec(c).blocking for c in checks)
+    platform = AssetCheckKey(AssetKey("errors"), "no_platform_errors")
+    assert platform in checks and not ag.get_check_spec(platform).blocking  # nothing to block
+    assert all(ag.get_check_spec(c).blocking for c in checks - {platform})
     # sensors, job, schedule, resources
     assert {s.name for s in repo.sensor_defs} == {
         "shop__enrich__new_data", "shop__split__new_data", "shop__archive__sink", "shop__recovery"}
