@@ -9,12 +9,15 @@ re-declare a queue someone is already writing.
 
 Contract of :func:`create_table_once` on a local lake:
 
-1. Write the whole table (its version-0 commit) into a private staging folder next to the target.
+1. Write the whole table (its version-0 commit) into a private staging folder under
+   ``{lake}/_cues/creating/`` (never among the queues or backing queues, which the auditor and
+   the Jepsen checker list: a creator killed while removing its staging folder once left a
+   half-removed table there that they took for a damaged queue).
 2. Point the commit's recorded location at the target.
 3. Hard-link that commit as ``<target>/_delta_log/00000000000000000000.json``. ``link`` fails when
    the name exists, so exactly one creator's commit becomes version 0 and nobody's becomes
    version 1. The loser gets ``False`` and opens the winner's table.
-4. Remove the staging folder (a crash before this leaves only a dot-folder that is no queue).
+4. Remove the staging folder (a crash before this leaves only a folder under ``_cues/creating``).
 
 On a crash between the steps the target holds either nothing (steps 1-2: the create can be run
 again) or the complete version 0 (step 3 is one atomic ``link``).
@@ -56,7 +59,8 @@ def create_table_once(
     DeltaError from delta-rs itself (a bad property, a storage fault) propagates.
     """
     if lake.is_local:
-        return _create_local(lake.local_path(uri), schema, options=lake.options, **create)
+        return _create_local(lake.local_path(uri), _staging_root(lake, lake.local_path(uri)), schema,
+                             options=lake.options, **create)
     token = uuid.uuid4().hex
     try:
         DeltaTable.create(uri, schema, mode="error", storage_options=lake.options,
@@ -75,10 +79,22 @@ def create_table_once(
     return True
 
 
+def _staging_root(lake: Lake, target: Path) -> Path:
+    """``{lake}/_cues/creating``: a folder no lister of queues or backing queues looks into (a
+    half-removed staging table there is never taken for a damaged queue). A table outside the
+    lake's root stages beside itself, on its own file system (a hard link cannot cross one)."""
+    root = lake.local_path(lake.root)
+    if target.resolve().is_relative_to(root.resolve()):
+        return lake.local_path(lake.system_uri("creating"))
+    return target.parent
+
+
 def _create_local(
-    target: Path, schema: pa.Schema, *, options: Mapping[str, str] | None, **create: Any
+    target: Path, staging_root: Path, schema: pa.Schema, *, options: Mapping[str, str] | None,
+    **create: Any,
 ) -> bool:
-    staging = target.parent / f".{target.name}.creating-{uuid.uuid4().hex}"
+    staging_root.mkdir(parents=True, exist_ok=True)
+    staging = staging_root / f".{target.name}.creating-{uuid.uuid4().hex}"
     try:
         # Step 1
         DeltaTable.create(str(staging), schema, mode="error", storage_options=options, **create)

@@ -161,8 +161,8 @@ def test_racing_creators_with_different_definitions_leave_one_definition(lake) -
         assert len(winners) == 1 and len(outcomes) == 6
         assert lake.queue(name).partitions == winners[0].partitions
         assert len(winners[0].partitions) == 1
-    leftovers = [p.name for p in (Path(lake.root) / "queues").iterdir() if p.name.startswith(".")]
-    assert leftovers == []  # no staging folder is left behind
+    assert [p.name for p in (Path(lake.root) / "queues").iterdir() if p.name.startswith(".")] == []
+    assert list((Path(lake.root) / "_cues" / "creating").iterdir()) == []  # no staging left
 
 
 def test_a_create_killed_before_its_link_leaves_no_queue_and_can_be_run_again(lake) -> None:
@@ -171,14 +171,19 @@ def test_a_create_killed_before_its_link_leaves_no_queue_and_can_be_run_again(la
 
     from cues_platform.queues.schema import full_schema
 
-    staged = Path(lake.root) / "queues" / ".orders.creating-0123"
+    staged = Path(lake.root) / "_cues" / "creating" / ".orders.creating-0123"
     DeltaTable.create(str(staged), full_schema(PAYLOAD), partition_by=["_partition"])
+    shutil.rmtree(staged / "_delta_log")  # killed halfway through removing it, too
+    (staged / "_delta_log").mkdir()
     assert lake.list_queues() == []
     assert not lake.has_queue("orders")
     q = lake.create_queue("orders", schema=PAYLOAD)
     q.append(rows(0, 2), partition="0")
     assert lake.list_queues() == ["orders"]
     assert q.count() == 2
+    from cues_platform.audit import audit
+
+    assert audit(lake).ok  # the leftover is not taken for a queue whose log was lost
 
 
 def test_a_created_queue_records_its_own_location(lake) -> None:
