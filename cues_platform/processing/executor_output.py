@@ -43,16 +43,21 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
+from pyarrow import fs
 
 from cues_platform.processing.graph import Graph, Out, OutputWriter, Processor, Strategy
+from cues_platform.processing.outputs import to_arrow
 from cues_platform.queues import Queue
 from cues_platform.queues.by_reference import (
     NotCommittableError,
     WrittenPart,
+    filesystem_of,
     read_footer,
     read_written_paths,
     verify_written,
 )
+from cues_platform.queues.errors import BatchError
+from cues_platform.queues.names import join_uri
 from cues_platform.queues.schema import (
     APPEND_TIME,
     DELIVERY_HASH,
@@ -122,7 +127,7 @@ def write_by_executors(
 
     # Step 1
     if not _matches(frame, queue):
-        return _driver(frame)
+        return to_arrow(frame)
     queue.check_partition(partition)
     spark = frame.sparkSession
     spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
@@ -141,8 +146,6 @@ def write_by_executors(
         if rows == 0:
             return None
         if rows > queue.max_batch_rows:
-            from cues_platform.queues.errors import BatchError
-
             raise BatchError(
                 f"queue {queue.name!r}: the batch has {rows} rows, more than the queue's limit of "
                 f"{queue.max_batch_rows}; split it or raise max_batch_rows",
@@ -166,7 +169,7 @@ def write_by_executors(
             F.lit(now).cast("timestamp").alias(APPEND_TIME),
             F.lit(None).cast("string").alias(TXN_ID),
         )
-        out.write.mode("errorifexists").parquet(_join(queue.uri, relative))
+        out.write.mode("errorifexists").parquet(join_uri(queue.uri, relative))
     finally:
         if cache:
             cached.unpersist()
@@ -179,23 +182,8 @@ def write_by_executors(
         return read_written_paths(queue, [f"{relative}/{name}" for name in names])
 
 
-def _driver(frame: Any) -> pa.Table:
-    from cues_platform.processing.outputs import to_arrow
-
-    return to_arrow(frame)
-
-
-def _join(uri: str, relative: str) -> str:
-    from cues_platform.queues.names import join_uri
-
-    return join_uri(uri, relative)
-
-
 def _parquet_files(queue: Queue, relative: str) -> list[str]:
-    from pyarrow import fs
-
-    uri = _join(queue.uri, relative)
-    filesystem, path = fs.FileSystem.from_uri(uri) if "://" in uri else (fs.LocalFileSystem(), uri)
+    filesystem, path = filesystem_of(join_uri(queue.uri, relative))
     infos = filesystem.get_file_info(fs.FileSelector(path))
     return sorted(i.base_name for i in infos
                   if i.base_name.endswith(".parquet") and not i.base_name.startswith((".", "_")))

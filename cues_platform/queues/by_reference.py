@@ -93,10 +93,14 @@ def _iso(value: Any) -> Any:
     return value
 
 
+def filesystem_of(uri: str) -> tuple[fs.FileSystem, str]:
+    """The pyarrow file system and path of a URI (a bare path is local)."""
+    return fs.FileSystem.from_uri(uri) if "://" in uri else (fs.LocalFileSystem(), uri)
+
+
 def read_footer(queue: Queue, relative: str) -> FileFooter:
     """A written file's footer as statistics (Step 1); reads no row."""
-    uri = join_uri(queue.uri, relative)
-    filesystem, path = fs.FileSystem.from_uri(uri) if "://" in uri else (fs.LocalFileSystem(), uri)
+    filesystem, path = filesystem_of(join_uri(queue.uri, relative))
     info = filesystem.get_file_info(path)
     with filesystem.open_input_file(path) as handle:
         meta = pq.ParquetFile(handle).metadata
@@ -110,9 +114,9 @@ def read_footer(queue: Queue, relative: str) -> FileFooter:
         for g in range(meta.num_row_groups):
             st = meta.row_group(g).column(i).statistics
             if st is None:
-                count = -1 if name == OFFSET else count
+                count = -1  # unknown, never taken for "no null"
                 continue
-            count += st.null_count if count >= 0 else 0
+            count = count + st.null_count if count >= 0 and st.has_null_count else -1
             if st.has_min_max:
                 lo = st.min if lo is None else min(lo, st.min)
                 hi = st.max if hi is None else max(hi, st.max)
@@ -164,8 +168,7 @@ def read_written_paths(queue: Queue, paths: Sequence[str]) -> pa.Table:
     """:func:`read_written` by relative paths (files whose footers could not be used)."""
     tables = []
     for relative in paths:
-        uri = join_uri(queue.uri, relative)
-        filesystem, path = fs.FileSystem.from_uri(uri) if "://" in uri else (fs.LocalFileSystem(), uri)
+        filesystem, path = filesystem_of(join_uri(queue.uri, relative))
         tables.append(pq.read_table(path, filesystem=filesystem))
     if not tables:
         return queue.payload_schema.empty_table()
