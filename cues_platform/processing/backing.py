@@ -31,6 +31,7 @@ from deltalake.exceptions import CommitFailedError
 from cues_platform.processing.errors import ProcessorFencedError
 from cues_platform.queues import Lake, Queue
 from cues_platform.queues.appender import append_batches
+from cues_platform.queues.maintenance import COMMIT_HOOKS
 
 EPOCH_APP_ID = "epoch"
 BACKING_RETENTION = "interval 1 hours"
@@ -178,7 +179,8 @@ class BackingQueue:
                 write_deltalake(dt, self.queue.table_schema.empty_table(), mode="append",
                                 commit_properties=CommitProperties(
                                     app_transactions=[Transaction(EPOCH_APP_ID, new)],
-                                    custom_metadata={"cues.epoch": str(new)}))
+                                    custom_metadata={"cues.epoch": str(new)}),
+                                post_commithook_properties=COMMIT_HOOKS)
                 return new
             except CommitFailedError:
                 continue

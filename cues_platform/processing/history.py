@@ -9,11 +9,13 @@ order, whichever path each step took. Reading it is O(commits in the log): it is
 tests, never for recovery (which reads app transactions, O(1)).
 
 Delta keeps commit entries for the table's ``delta.logRetentionDuration`` (30 days by default)
-after a checkpoint. So that trimming loses no record, the stepper copies the one-commit steps'
+after a checkpoint, and no queue commit trims them by itself (``queues/maintenance.py``,
+``COMMIT_HOOKS``). So that trimming loses no record, the stepper copies the one-commit steps'
 records into a *digest* record of its backing queue at every backing maintenance (every
-``Options.backing_maintenance_every`` steps, default 1,000); a digest is expanded back into one
-attempt per step. Only steps that were neither digested nor left in the log are missing: a
-processor stopped for longer than the log retention before its next maintenance point.
+``Options.backing_maintenance_every`` steps, default 1,000), then trims the home's expired
+entries itself; a digest is expanded back into one attempt per step. Only ``cues queue
+maintain`` can trim steps that were not digested yet: those of a processor stopped for longer
+than the log retention before its next maintenance point.
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ from cues_platform.processing.outputs import proc_app_id
 from cues_platform.queues import Queue
 from cues_platform.queues.appender import AppendResult, append_batches
 from cues_platform.queues.by_reference import WrittenPart, append_written
+from cues_platform.queues.maintenance import COMMIT_HOOKS
 
 STEP_RECORD_KEY = "cues.step_record"  # "commit": this commit is the step's only record
 FENCE_ATTEMPTS = 200
@@ -106,7 +107,8 @@ def fence_home(queue: Queue, processor_id: str, epoch: int) -> int | None:
                                     app_transactions=[Transaction(app, epoch)],
                                     custom_metadata={"cues.queue": queue.name,
                                                      "cues.processor": processor_id,
-                                                     "cues.epoch": str(epoch)}))
+                                                     "cues.epoch": str(epoch)}),
+                                post_commithook_properties=COMMIT_HOOKS)
             return None
         except CommitFailedError:
             continue

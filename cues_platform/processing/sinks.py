@@ -36,6 +36,7 @@ from cues_platform.processing.errors import (
     SinkSchemaError,
     SinkStorageError,
 )
+from cues_platform.queues.maintenance import COMMIT_HOOKS
 
 SINK_APP_PREFIX = "sink:"  # Delta app id prefix: version = last applied step of that processor
 DEFAULT_TABLE = "cues_sink_deliveries"
@@ -151,7 +152,8 @@ def write_delta_once(
                 delay = min(delay * 2, 0.25)
             # Step 4
             try:
-                write_deltalake(dt, data, mode=mode, commit_properties=props)
+                write_deltalake(dt, data, mode=mode, commit_properties=props,
+                                post_commithook_properties=COMMIT_HOOKS)
                 return True
             except dx.CommitFailedError:
                 # Step 5

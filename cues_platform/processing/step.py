@@ -38,8 +38,9 @@ none. Persistence, on every step (``ExactlyOnceStepper.step``):
 6. Advance to the snapshot's ends; the next step starts there. Every
    ``Options.backing_maintenance_every`` steps, append one digest record to the backing queue
    holding the one-commit steps' records read back from the home queue's log (Delta trims that
-   log after its retention; the auditor needs them, recovery does not), then compact the backing
-   queue (no record changes).
+   log after its retention; the auditor needs them, recovery does not), then drop the home's
+   expired log files (no commit cleans them by itself: a per-commit cleanup lists the whole log)
+   and compact the backing queue (no record changes).
 
 Crash safety, point by point (names are the hook points the crash matrix crashes at):
 
@@ -477,6 +478,9 @@ class ExactlyOnceStepper(StepBase):
         records = found.get(self.processor.id, [])
         if records:
             self.backing.append(digest(records, self.epoch))
+        # Only now may Delta drop the home's expired log files: every step they hold is digested
+        # (commits skip delta-rs' per-commit cleanup: queues/maintenance.py, COMMIT_HOOKS).
+        self.queues[self.home].refresh().cleanup_metadata()
 
 
 _OUTCOMES = {RecordType.ATTEMPT_OUTPUT: "output", RecordType.ATTEMPT_ERROR: "error"}

@@ -44,6 +44,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from cues_platform.queues.errors import BatchError, ConcurrentAppendError
+from cues_platform.queues.maintenance import COMMIT_HOOKS
 from cues_platform.queues.schema import (
     APPEND_TIME,
     DEFAULT_MESSAGE_TYPE,
@@ -218,6 +219,7 @@ def append_batches(
                         app_transactions=txns,
                         custom_metadata={**metadata, "cues.ranges": _ranges_text(ranges)},
                     ),
+                    post_commithook_properties=COMMIT_HOOKS,
                 )
                 version = dt.version()
         except CommitFailedError:

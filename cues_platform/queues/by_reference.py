@@ -40,6 +40,7 @@ from pyarrow import fs
 
 from cues_platform.queues.appender import DEFAULT_MAX_ATTEMPTS, AppendResult, Guard
 from cues_platform.queues.errors import ConcurrentAppendError, QueueError
+from cues_platform.queues.maintenance import COMMIT_HOOKS
 from cues_platform.queues.names import join_uri
 from cues_platform.queues.schema import APPEND_TIME, OFFSET, PARTITION, TXN_ID
 
@@ -247,7 +248,8 @@ def commit_files(
                 dt.create_write_transaction(
                     actions, mode="append", schema=queue.table_schema, partition_by=[PARTITION],
                     commit_properties=CommitProperties(app_transactions=txns,
-                                                       custom_metadata=metadata))
+                                                       custom_metadata=metadata),
+                    post_commithook_properties=COMMIT_HOOKS)
                 before = dt.version()
                 version = _committed_version(queue, before, metadata["cues.commit"])
         except CommitFailedError:

@@ -62,6 +62,7 @@ from cues_platform.queues.errors import (
     SequenceError,
     SequenceMismatchError,
 )
+from cues_platform.queues.maintenance import COMMIT_HOOKS
 from cues_platform.queues.schema import DEFAULT_MESSAGE_TYPE
 
 if TYPE_CHECKING:
@@ -152,6 +153,7 @@ def open_epoch(queue: Queue, producer_id: str, *, max_attempts: int = 200) -> in
                             "cues.epoch": f"{producer_id}@{epoch}",
                         },
                     ),
+                    post_commithook_properties=COMMIT_HOOKS,
                 )
         except CommitFailedError:
             time.sleep(delay * (0.5 + random.random()))

@@ -153,6 +153,17 @@ def commit_path(version: int) -> str:
     return f"{LOG_DIR}/{version:020d}.json"
 
 
+def handle_is_current(log_dir: Path, version: int) -> bool | None:
+    """Where a local table handle at ``version`` stands, from two stats and no listing: True when
+    it is the newest (no entry ``version + 1``), False when newer commits exist, None when the log
+    was trimmed past it (its own entry is gone: a log cleanup removed it and perhaps the entries
+    after it, so it must be opened again from the newest checkpoint; updating it entry by entry
+    would find nothing and keep it stale)."""
+    if not (log_dir / f"{version:020d}.json").exists():
+        return None
+    return not (log_dir / f"{version + 1:020d}.json").exists()
+
+
 def is_log_in_progress(rel: str) -> bool:
     """A temporary file of a commit being written (delta-rs writes ``_delta_log/_commit_*``)."""
     name = rel.rsplit("/", 1)[-1]

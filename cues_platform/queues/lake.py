@@ -37,6 +37,7 @@ from cues_platform.queues.integrity import (
     leftover_content,
     newest_checkpoint,
 )
+from cues_platform.queues.maintenance import NO_LOG_CLEANUP_PROPERTY
 from cues_platform.queues.names import join_uri, validate_name, validate_partition
 from cues_platform.queues.schema import (
     APPEND_TIME,
@@ -151,6 +152,7 @@ class Lake:
                     MAX_ROWS_KEY: str(max_batch_rows),
                     FORMAT_KEY: "1",
                     "delta.checkpointInterval": "100",
+                    **NO_LOG_CLEANUP_PROPERTY,  # log cleanup is maintenance's (see COMMIT_HOOKS)
                     # File statistics only where the queue layer prunes by them: computing min/max
                     # of every payload column took a third of a small append's commit.
                     "delta.dataSkippingStatsColumns": STATS_COLUMNS,

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from deltalake import CommitProperties, WriterProperties
+from deltalake import CommitProperties, PostCommitHookProperties, WriterProperties
 from deltalake.exceptions import CommitFailedError
 
 from cues_platform.errors import ConfigurationError
@@ -29,6 +29,17 @@ from cues_platform.queues.schema import PARTITION
 
 if TYPE_CHECKING:
     from cues_platform.queues.queue import Queue
+
+# The post-commit hooks of every commit the platform makes: checkpoints as delta-rs makes them
+# (every ``delta.checkpointInterval`` commits), but no expired-log cleanup. delta-rs' default
+# cleanup lists the whole ``_delta_log`` folder after every commit, which on a local disk costs
+# O(log files): 135 ms per commit once a queue has 10,000 commits (bench/bench_peers.py's
+# recovery case), growing for the whole ``delta.logRetentionDuration``. Expired log files are
+# removed by :func:`checkpoint` (``cues queue maintain``) and, for a processor's home queue, by the
+# stepper right after it digested the steps those files hold (processing/step.py, step 6).
+COMMIT_HOOKS = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
+# Set on every queue the platform creates, so that any other Delta writer skips the cleanup too.
+NO_LOG_CLEANUP_PROPERTY = {"delta.enableExpiredLogCleanup": "false"}
 
 DEFAULT_TARGET_FILE_BYTES = 128 * 1024 * 1024
 DEFAULT_VACUUM_RETENTION_HOURS = 24

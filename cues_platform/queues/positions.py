@@ -19,8 +19,9 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import DeltaError
 
 from cues_platform.queues.creation import create_table_once
-from cues_platform.queues.integrity import LOG_DIR, TableStorage
+from cues_platform.queues.integrity import LOG_DIR, TableStorage, handle_is_current
 from cues_platform.queues.lake import Lake
+from cues_platform.queues.maintenance import COMMIT_HOOKS, NO_LOG_CLEANUP_PROPERTY
 
 CHECKPOINT_INTERVAL = 100  # commits; written by delta-rs' post-commit hook
 # A handle moved forward over this many commits is replaced by a fresh one opened from the newest
@@ -50,7 +51,8 @@ def open_system_table(lake: Lake, name: str, schema: pa.Schema) -> DeltaTable:
     if not DeltaTable.is_deltatable(uri, storage_options=lake.options):
         lake.refuse_lost_log(uri, what=what)
         create_table_once(lake, uri, schema, what=what,
-                          configuration={"delta.checkpointInterval": str(CHECKPOINT_INTERVAL)})
+                          configuration={"delta.checkpointInterval": str(CHECKPOINT_INTERVAL),
+                                         **NO_LOG_CLEANUP_PROPERTY})
     return lake.open_table(uri, what=what)
 
 
@@ -74,13 +76,15 @@ class SystemTable:
     def snapshot(self) -> DeltaTable:
         with self.lock:
             try:
-                nxt = None if self._log_dir is None else self._log_dir / f"{self._dt.version() + 1:020d}.json"
-                if nxt is None or nxt.exists():
+                current = (False if self._log_dir is None
+                           else handle_is_current(self._log_dir, self._dt.version()))
+                if current is False:
                     self._dt.update_incremental()
             except DeltaError as exc:
                 raise self.lake.diagnose_log(self.uri, what=f"system table {self.name!r}",
                                              error=exc) from exc
-            if self._dt.version() - self.opened_at >= REOPEN_EVERY:
+            # None: another handle's cleanup trimmed the log past this one: open it again
+            if current is None or self._dt.version() - self.opened_at >= REOPEN_EVERY:
                 self.cleanup_log()
                 self._dt = self.lake.open_table(self.uri, what=f"system table {self.name!r}")
                 self.opened_at = self._dt.version()
@@ -146,4 +150,5 @@ class PositionStore:
                     app_transactions=[Transaction(position_app_id(q, t, p), pos) for q, t, p, pos in positions],
                     max_commit_retries=50,
                 ),
+                post_commithook_properties=COMMIT_HOOKS,
             )

@@ -19,7 +19,12 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
 from cues_platform.queues.errors import LogIntegrityError, QueueError, UnknownPartitionError
-from cues_platform.queues.integrity import Inconsistency, TableStorage, check_commits
+from cues_platform.queues.integrity import (
+    Inconsistency,
+    TableStorage,
+    check_commits,
+    handle_is_current,
+)
 from cues_platform.queues.lake import MAX_ROWS_KEY, PARTITIONS_KEY, Lake
 from cues_platform.queues.names import validate_name, validate_partition
 from cues_platform.queues.schema import OFFSET, PARTITION, payload_schema_of
@@ -103,13 +108,13 @@ class Queue:
                 raise self.lake.diagnose_log(self.uri, what=f"queue {self.name!r}", error=exc) from exc
 
     def _refresh(self) -> DeltaTable:  # under self._lock
-        nxt = None if self._log_dir is None else self._log_dir / f"{self._dt.version() + 1:020d}.json"
-        if nxt is None or nxt.exists():
+        current = False if self._log_dir is None else handle_is_current(self._log_dir, self._dt.version())
+        if current is False:
             self._dt.update_incremental()
-        if self._dt.version() - self._opened_at >= REOPEN_EVERY:
-            # delta-rs snapshots updated commit by commit get slower with every commit
-            # (measured: 17 ms appends at 100 commits, 104 ms at 1,000); a fresh handle
-            # starts from the newest checkpoint instead.
+        if current is None or self._dt.version() - self._opened_at >= REOPEN_EVERY:
+            # Trimmed past this handle (None), or: delta-rs snapshots updated commit by commit get
+            # slower with every commit (measured: 17 ms appends at 100 commits, 104 ms at 1,000);
+            # a fresh handle starts from the newest checkpoint instead.
             self._dt = self.lake.open_table(self.uri, what=f"queue {self.name!r}")
             self._opened_at = self._dt.version()
         if PARTITIONS_KEY in self._dt.metadata().configuration:

@@ -53,6 +53,7 @@ from cues_platform.queues.errors import (
 )
 from cues_platform.queues.idempotence import SequenceState
 from cues_platform.queues.lake import Lake
+from cues_platform.queues.maintenance import COMMIT_HOOKS
 from cues_platform.queues.names import validate_id
 from cues_platform.queues.positions import SystemTable
 
@@ -133,6 +134,7 @@ class Coordinator:
                             app_transactions=[Transaction(a, v) for a, v in app_transactions],
                             custom_metadata={"cues.txn": txn_id, "cues.action": action},
                         ),
+                        post_commithook_properties=COMMIT_HOOKS,
                     )
                 return
             except CommitFailedError:
@@ -186,6 +188,7 @@ def write_marker(queue: Queue, txn_id: str, status: TxnStatus) -> None:
             max_commit_retries=100,
             custom_metadata={"cues.txn": txn_id, "cues.action": status.name.lower()},
         ),
+        post_commithook_properties=COMMIT_HOOKS,
     )
 
 

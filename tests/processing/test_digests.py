@@ -63,3 +63,26 @@ def test_without_digests_a_trimmed_log_is_an_audit_failure_not_a_silent_pass(spa
     report = audit(lake, graph=graph)
     assert not report.ok and "b" in report.queues_checked
     assert {v.kind for v in report.violations} >= {"unknown_hash", "app_transaction"}
+
+
+def _log_entries(queue) -> list[str]:
+    return sorted(p.name for p in (queue.lake.local_path(queue.uri) / "_delta_log").glob("*.json"))
+
+
+def test_the_stepper_drops_the_homes_expired_log_only_after_digesting_it(spark, lake):
+    """No commit cleans the log by itself (queues/maintenance.py, COMMIT_HOOKS); the stepper does,
+    right after each digest, so what it drops is already in the backing queue."""
+    graph = graph_with_maintenance(every=2)
+    runner = GraphRunner(graph=graph, lake=lake, spark=spark)
+    home = lake.queue("b")
+    home.refresh().alter.set_table_properties({"delta.logRetentionDuration": "interval 0 hours",
+                                               "delta.checkpointInterval": "2"})
+    load_inputs(lake, "map", n=N)
+    runner.run_until_idle()
+    entries = _log_entries(home)
+    assert "00000000000000000000.json" not in entries  # expired entries before a checkpoint: gone
+    assert len(entries) < home.refresh().version() + 1
+    attempts = [r for r in processor_history(lake, PID) if r.is_attempt]
+    assert [a.step for a in attempts] == list(range(N // BATCH))  # every step: digested first
+    check_exact(lake, "map", "output", n=N, batch=BATCH)
+    assert audit(lake, graph=graph).ok, audit(lake, graph=graph).to_text()

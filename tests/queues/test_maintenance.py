@@ -20,6 +20,7 @@ from cues_platform.queues.maintenance import (
     maintain,
     vacuum,
 )
+from cues_platform.queues.positions import REOPEN_EVERY, PositionStore
 from tests.support import PAYLOAD, ROOT, rows
 
 
@@ -138,3 +139,47 @@ def test_short_retention_is_refused_unless_asked_for_explicitly(make_queue) -> N
     assert vacuum(q, retention_hours=1.5).files_vacuumed == 0
     assert vacuum(q, retention_hours=0, unsafe_allow_short_retention=True).files_vacuumed == 2
     assert q.read_arrow(partition="0")["id"].to_pylist() == [0, 1, 2, 3]
+
+
+def test_commits_leave_expired_log_entries_to_maintenance(make_queue) -> None:
+    """delta-rs' per-commit log cleanup lists the whole log (O(log files) per commit); queue
+    commits skip it and ``checkpoint`` (``cues queue maintain``) drops the expired entries."""
+    q = make_queue(properties={"delta.logRetentionDuration": "interval 0 hours",
+                               "delta.checkpointInterval": "5"})
+    assert q.refresh().metadata().configuration["delta.enableExpiredLogCleanup"] == "false"
+    for i in range(12):
+        q.append(rows(i * 2, 2), partition="0")
+    log = q.lake.local_path(q.uri) / "_delta_log"
+    assert len(list(log.glob("*.json"))) == 13  # versions 0..12, checkpoints at 5 and 10
+    before = _snapshot_reads(q, q.partitions)
+    report = checkpoint(q)
+    assert report.checkpoint_version == 12
+    assert sorted(p.name for p in log.glob("*.json")) == ["00000000000000000012.json"]
+    assert _snapshot_reads(q, q.partitions) == before
+
+
+def test_a_handle_the_log_was_trimmed_past_opens_again_and_sees_every_commit(make_queue, lake) -> None:
+    """A handle at version v decides it is the newest when entry v+1 is missing; after a cleanup
+    removed v+1 (and v) that would keep it stale forever. It opens the table again instead."""
+    q = make_queue(properties={"delta.logRetentionDuration": "interval 0 hours",
+                               "delta.checkpointInterval": "5"})
+    stale = lake.queue("events")
+    assert stale.refresh().version() == 0
+    for i in range(12):
+        q.append(rows(i * 2, 2), partition="0")
+    checkpoint(q)  # drops entries 0..11
+    assert stale.refresh().version() == 12
+    assert _snapshot_reads(stale, ["0"]) == _snapshot_reads(q, ["0"])
+    assert stale.next_offset("0") == 24
+
+
+def test_a_position_handle_sees_positions_committed_past_another_handles_cleanup(lake) -> None:
+    """System tables drop entries older than their second-newest checkpoint (positions.py): a
+    handle idle across that opens the table again instead of reading an old position forever."""
+    writer, idle = PositionStore(lake), PositionStore(lake)
+    assert idle.get(queue="q", tailer="t", partition="0") is None
+    for pos in range(1, 2 * REOPEN_EVERY + 5):
+        writer.commit(queue="q", tailer="t", partition="0", position=pos)
+    log = lake.local_path(writer.table.uri) / "_delta_log"
+    assert not (log / f"{1:020d}.json").exists()  # trimmed past the idle handle
+    assert idle.get(queue="q", tailer="t", partition="0") == 2 * REOPEN_EVERY + 4
