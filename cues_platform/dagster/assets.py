@@ -27,12 +27,16 @@ from dagster import (
 from cues_platform.dagster.error_queues import observe_error_queue
 from cues_platform.dagster.io_manager import QUEUE_METADATA
 from cues_platform.dagster.materialize import (
+    ARRIVED_RANGES,
+    END_OFFSETS,
+    WRITTEN_RANGES,
     InjectedFailure,
     ProcessorRunConfig,
     drive,
     fault_hook,
     pending_delivery,
     run_metadata,
+    written_ranges,
 )
 from cues_platform.dagster.resources import describe_record, spark_session_of
 from cues_platform.processing.graph import Graph, Kind, Processor, QueueDef, Strategy
@@ -177,6 +181,7 @@ def build_processor_asset(graph: Graph, proc: Processor, *, prefix: Sequence[str
         last = stepper.backing.last_record() if hasattr(stepper, "backing") else None
         found = describe_record(last)
         rolled = pending_delivery(lake, pid, last, home=home_of(proc))
+        before = {q: lake.queue(q).end_offsets() for q in queues}
         stopped = drive(runner, pid, config)
         meta = run_metadata(graph, proc, runner, stopped, found, rolled, time.monotonic() - started)
         stats = runner.stats[pid]
@@ -197,6 +202,7 @@ def build_processor_asset(graph: Graph, proc: Processor, *, prefix: Sequence[str
             queue = lake.queue(q)
             rows = sum(r.rows_out.get(q, 0) for r in results)
             count = queue.count()
+            after = queue.end_offsets()
             yield MaterializeResult(asset_key=spec.key, metadata={
                 **meta,
                 "cues/queue": q,
@@ -204,10 +210,22 @@ def build_processor_asset(graph: Graph, proc: Processor, *, prefix: Sequence[str
                 "cues/queue_rows": count,
                 "dagster/row_count": count,
                 "cues/delta_version": queue.version(),
-                "cues/end_offsets": queue.end_offsets(),
+                END_OFFSETS: after,
+                # what the contract check judges: the offsets this materialization added
+                WRITTEN_RANGES: written_ranges(before[q], after),
+                # what the outside_protocol check looks at: everything since the last time
+                ARRIVED_RANGES: written_ranges(previous_end_offsets(context, spec.key), after),
             })
 
     return _materialize
+
+
+def previous_end_offsets(context: AssetExecutionContext, key: AssetKey) -> dict[str, int]:
+    """``cues/end_offsets`` of the asset's latest materialization before this one ({}: none)."""
+    event = context.instance.get_latest_materialization_event(key)
+    mat = event.asset_materialization if event is not None else None
+    value = mat.metadata.get(END_OFFSETS) if mat is not None else None
+    return {str(p): int(o) for p, o in dict(value.value).items()} if value is not None else {}
 
 
 def is_audited(proc: Processor) -> bool:

@@ -1,20 +1,31 @@
-"""Asset checks on processor outputs, blocking: a failed check stops downstream assets in the run.
+"""Asset checks on processor outputs.
 
-- ``contract``: the queue's pandera contract (``QueueDef.contract``) on its latest rows (up to
-  ``CONTRACT_SAMPLE_ROWS`` per partition, payload columns only). A ``pandera.pandas`` contract
-  (what the step checks row by row, see ``cues_platform.processing.contracts``) is validated on
-  those rows read as Arrow -> pandas (``lazy=True``: every failure listed); a ``pandera.pyspark``
-  contract (``DataFrameSchema`` / ``DataFrameModel``) validates the Spark DataFrame where it is
-  and reports in ``df.pandera.errors``.
+Blocking (a failure stops downstream assets in the run):
+
+- ``contract``: the queue's pandera contract (``QueueDef.contract``) on the rows the asset's
+  latest materialization wrote (its ``cues/written_ranges`` metadata: the offsets it added, rows
+  with a delivery hash only; payload columns). A ``pandera.pandas`` contract (what the step checks
+  row by row, see ``cues_platform.processing.contracts``) is validated on those rows read as
+  Arrow -> pandas (``lazy=True``: every failure listed); a ``pandera.pyspark`` contract
+  (``DataFrameSchema`` / ``DataFrameModel``) validates the Spark DataFrame where it is and reports
+  in ``df.pandera.errors``. Rows that break the contract inside a step went to the error queue
+  with their payload in that step, so the check fails only on what a step delivered against the
+  contract (a contract changed since, a bug), and never on older rows: the next materialization
+  is judged on its own rows.
 - ``exactly_once``: ``cues_platform.audit.audit(lake)``; fails on any violation in this queue or
-  of this processor (gaps, overlaps, rows delivered twice, unknown hashes, ...).
+  of this processor (gaps, overlaps, rows delivered twice, unknown hashes, ...) except rows
+  written outside the protocol, which the next check reports.
 
-Rows that break a contract *inside* a step go to the error queue (the processing layer); this
-check shows the status of what is in the queue.
+Not blocking (severity WARN: the pipeline goes on, the UI shows it):
+
+- ``outside_protocol``: rows of this exactly-once output without a delivery hash (a producer, a
+  script or a person appended them, not a processor step): how many, their offsets, and how many
+  break the queue's contract. They stay in the queue (it is append-only) and downstream
+  processors read them like any row; ``docs/dagster.md`` shows the operator's way out.
 """
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dagster import (
@@ -23,10 +34,12 @@ from dagster import (
     AssetCheckResult,
     AssetCheckSeverity,
     AssetCheckSpec,
+    AssetKey,
     asset_check,
     multi_asset_check,
 )
 
+from cues_platform.audit.report import NO_DELIVERY_HASH
 from cues_platform.dagster.assets import (
     LAKE_KEY,
     SPARK_KEY,
@@ -35,15 +48,16 @@ from cues_platform.dagster.assets import (
     processor_keys,
     queue_key,
 )
+from cues_platform.dagster.materialize import ARRIVED_RANGES, WRITTEN_RANGES
 from cues_platform.dagster.resources import spark_session_of
 from cues_platform.processing.graph import Graph, Processor
 from cues_platform.queues import Lake
-from cues_platform.queues.schema import RESERVED
+from cues_platform.queues.schema import DELIVERY_HASH, OFFSET, RESERVED
 
-CONTRACT_SAMPLE_ROWS = 10_000
 MAX_LISTED = 20
 CONTRACT = "contract"
 EXACTLY_ONCE = "exactly_once"
+OUTSIDE_PROTOCOL = "outside_protocol"
 PLATFORM_ERRORS = "no_platform_errors"
 
 
@@ -73,24 +87,70 @@ def _kind_of(contract: Any) -> str:
     return "other"
 
 
-def latest_rows(lake: Lake, queue_name: str, spark: Any, *, rows: int = CONTRACT_SAMPLE_ROWS) -> Any:
-    """The newest ``rows`` messages of every partition, payload columns only: a Spark DataFrame,
-    or a ``pyarrow.Table`` when ``spark`` is None."""
+def rows_at(lake: Lake, queue_name: str, ranges: Mapping[str, Sequence[int]], spark: Any, *,
+            protocol_only: bool) -> Any:
+    """The rows of ``ranges`` (``{partition: [start, end)}``), payload columns only: a Spark
+    DataFrame, or a ``pyarrow.Table`` when ``spark`` is None. ``protocol_only``: only rows with a
+    delivery hash (written by a processor step)."""
     queue = lake.queue(queue_name)
+    payload = [c for c in queue.payload_schema.names if c not in RESERVED]
     if spark is None:
         import pyarrow as pa
+        import pyarrow.compute as pc
 
-        tables = [queue.read_arrow(partition=p, start=max(0, end - rows), end=end)
-                  for p, end in queue.end_offsets().items()]
+        tables = [queue.read_arrow(partition=p, start=int(lo), end=int(hi)) for p, (lo, hi) in ranges.items()]
+        if not tables:
+            return queue.payload_schema.empty_table().select(payload)
         table = pa.concat_tables(tables)
-        return table.select([c for c in table.column_names if c not in RESERVED])
-    frames = []
-    for part, end in queue.end_offsets().items():
-        frames.append(queue.read_spark(spark, partition=part, start=max(0, end - rows), end=end))
-    df = frames[0]
-    for f in frames[1:]:
-        df = df.unionByName(f)
-    return df.select(*[c for c in df.columns if c not in RESERVED])
+        if protocol_only:
+            table = table.filter(pc.is_valid(table[DELIVERY_HASH]))
+        return table.select(payload)
+    from functools import reduce
+
+    from pyspark.sql import functions as F
+
+    frames = [queue.read_spark(spark, partition=p, start=int(lo), end=int(hi)) for p, (lo, hi) in ranges.items()]
+    if not frames:
+        raise ValueError("rows_at on Spark needs at least one range")
+    df = reduce(lambda a, b: a.unionByName(b), frames)
+    if protocol_only:
+        df = df.where(F.col(DELIVERY_HASH).isNotNull())
+    return df.select(*payload)
+
+
+class RangesNotRecorded(LookupError):
+    """The asset's latest materialization has no ranges metadata (made by an older version)."""
+
+
+def latest_ranges(context: AssetCheckExecutionContext, key: AssetKey, name: str) -> dict[str, list[int]] | None:
+    """Ranges metadata ``name`` of the asset's latest materialization (None: never materialized);
+    raises :class:`RangesNotRecorded` when that materialization did not record them."""
+    event = context.instance.get_latest_materialization_event(key)
+    mat = event.asset_materialization if event is not None else None
+    if mat is None:
+        return None
+    value = mat.metadata.get(name)
+    if value is None:
+        raise RangesNotRecorded(name)
+    return {str(p): [int(lo), int(hi)] for p, (lo, hi) in dict(value.value).items()}
+
+
+def runs_without_hash(lake: Lake, queue_name: str, ranges: Mapping[str, Sequence[int]]) -> dict[str, list[list[int]]]:
+    """``{partition: [[start, end), ...]}``: the offset runs of ``ranges`` whose rows have no
+    delivery hash (two columns read, no payload)."""
+    import pyarrow.compute as pc
+
+    queue = lake.queue(queue_name)
+    runs: dict[str, list[list[int]]] = {}
+    for part, (lo, hi) in ranges.items():
+        table = queue.read_arrow(partition=part, start=int(lo), end=int(hi), columns=[OFFSET, DELIVERY_HASH])
+        for offset in table.filter(pc.is_null(table[DELIVERY_HASH]))[OFFSET].to_pylist():
+            spans = runs.setdefault(part, [])
+            if spans and spans[-1][1] == offset:
+                spans[-1][1] = offset + 1
+            else:
+                spans.append([offset, offset + 1])
+    return runs
 
 
 def validate_contract(contract: Any, df: Any) -> tuple[bool, list[dict[str, Any]]]:
@@ -153,11 +213,16 @@ def check_specs(graph: Graph, proc: Processor, *, prefix: Sequence[str] = ()) ->
     queues = output_queues(proc)
     for key, q in zip(keys, queues or [None] * len(keys), strict=True):
         if q is not None and graph.queues[q].contract is not None:
-            specs.append(AssetCheckSpec(CONTRACT, asset=key, blocking=True,
-                                        description=f"pandera contract of queue {q!r} on its latest rows"))
+            specs.append(AssetCheckSpec(
+                CONTRACT, asset=key, blocking=True,
+                description=f"pandera contract of queue {q!r} on the rows the latest materialization wrote"))
         if is_audited(proc):
             specs.append(AssetCheckSpec(EXACTLY_ONCE, asset=key, blocking=True,
                                         description="exactly-once audit (cues audit) of this output"))
+            if q is not None:
+                specs.append(AssetCheckSpec(
+                    OUTSIDE_PROTOCOL, asset=key, blocking=False,
+                    description=f"rows of {q!r} written outside the protocol (no delivery hash)"))
     return specs
 
 
@@ -182,42 +247,94 @@ def build_processor_checks(graph: Graph, proc: Processor, *, prefix: Sequence[st
                 continue
             q = queue_of[spec.asset_key]
             if spec.name == CONTRACT:
-                contract = graph.queues[q].contract
-                spark = (None if _kind_of(contract) == "pandas"
-                         else spark_session_of(getattr(context.resources, SPARK_KEY)))
-                df = latest_rows(lake, q, spark)
-                passed, failures = validate_contract(contract, df)
-                yield AssetCheckResult(
-                    asset_key=spec.asset_key, check_name=CONTRACT, passed=passed,
-                    severity=AssetCheckSeverity.ERROR,
-                    metadata={"queue": q, "sample_rows_per_partition": CONTRACT_SAMPLE_ROWS,
-                              **{k: v for k, v in failure_counts(failures).items() if v is not None},
-                              "failed_checks": sorted({f"{f.get('column')}: {f.get('check')}" for f in failures}),
-                              "details": json.dumps(failures[:MAX_LISTED], default=str)})
-            else:
-                if report is None:
-                    from cues_platform.audit import audit
+                yield _contract_result(context, spec.asset_key, lake, q, graph.queues[q].contract)
+                continue
+            if report is None:
+                from cues_platform.audit import audit
 
-                    report = audit(lake, graph=graph)
-                mine = [v for v in report.violations
-                        if v.processor == pid or (q is not None and v.queue == q)]
-                summary = report.processors.get(pid)
-                meta: dict[str, Any] = {
-                    "violations": len(mine),
-                    "by_kind": {k: sum(v.kind == k for v in mine) for k in sorted({v.kind for v in mine})},
-                    "lake_ok": report.ok,
-                }
-                if mine:
-                    meta["first_violations"] = "\n".join(v.to_text() for v in mine[:MAX_LISTED])
-                if summary is not None:
-                    meta["steps_delivered"] = summary.steps_delivered
-                    meta["lag"] = summary.lag
-                    meta["pending"] = summary.pending or "none"
-                yield AssetCheckResult(asset_key=spec.asset_key, check_name=EXACTLY_ONCE,
-                                       passed=not mine, severity=AssetCheckSeverity.ERROR,
-                                       metadata=meta)
+                report = audit(lake, graph=graph)
+            if spec.name == OUTSIDE_PROTOCOL:
+                yield _outside_protocol_result(context, spec.asset_key, lake, q, graph.queues[q].contract, report)
+                continue
+            mine = [v for v in report.violations if v.kind != NO_DELIVERY_HASH
+                    and (v.processor == pid or (q is not None and v.queue == q))]
+            summary = report.processors.get(pid)
+            meta: dict[str, Any] = {
+                "violations": len(mine),
+                "by_kind": {k: sum(v.kind == k for v in mine) for k in sorted({v.kind for v in mine})},
+                "lake_ok": report.ok,
+            }
+            if mine:
+                meta["first_violations"] = "\n".join(v.to_text() for v in mine[:MAX_LISTED])
+            if summary is not None:
+                meta["steps_delivered"] = summary.steps_delivered
+                meta["lag"] = summary.lag
+                meta["pending"] = summary.pending or "none"
+            yield AssetCheckResult(asset_key=spec.asset_key, check_name=EXACTLY_ONCE,
+                                   passed=not mine, severity=AssetCheckSeverity.ERROR,
+                                   metadata=meta)
 
     return _checks
+
+
+def _spark_for(context: AssetCheckExecutionContext, contract: Any) -> Any:
+    return None if _kind_of(contract) == "pandas" else spark_session_of(getattr(context.resources, SPARK_KEY))
+
+
+def _contract_result(context: AssetCheckExecutionContext, key: AssetKey, lake: Lake, q: str,
+                     contract: Any) -> AssetCheckResult:
+    try:
+        ranges = latest_ranges(context, key, WRITTEN_RANGES)
+    except RangesNotRecorded:  # never "OK" without having looked: materialize again
+        return AssetCheckResult(asset_key=key, check_name=CONTRACT, passed=False, severity=AssetCheckSeverity.ERROR,
+                                metadata={"queue": q, "what_to_do": f"the latest materialization recorded no "
+                                          f"{WRITTEN_RANGES} (an older version made it): materialize the asset again"})
+    meta: dict[str, Any] = {"queue": q, "judged_ranges": ranges or {}}
+    if not ranges:
+        meta["rows_checked"] = 0
+        meta["note"] = ("never materialized" if ranges is None
+                        else "the latest materialization wrote no row")
+        return AssetCheckResult(asset_key=key, check_name=CONTRACT, passed=True,
+                                severity=AssetCheckSeverity.ERROR, metadata=meta)
+    rows = rows_at(lake, q, ranges, _spark_for(context, contract), protocol_only=True)
+    passed, failures = validate_contract(contract, rows)
+    meta["rows_checked"] = rows.num_rows if hasattr(rows, "num_rows") else rows.count()
+    meta.update({k: v for k, v in failure_counts(failures).items() if v is not None})
+    meta["failed_checks"] = sorted({f"{f.get('column')}: {f.get('check')}" for f in failures})
+    meta["details"] = json.dumps(failures[:MAX_LISTED], default=str)
+    return AssetCheckResult(asset_key=key, check_name=CONTRACT, passed=passed,
+                            severity=AssetCheckSeverity.ERROR, metadata=meta)
+
+
+def _outside_protocol_result(context: AssetCheckExecutionContext, key: AssetKey, lake: Lake, q: str,
+                             contract: Any, report: Any) -> AssetCheckResult:
+    """Rows without a delivery hash that arrived since the previous materialization (so the next
+    materialization after they arrived is green again); ``rows_in_queue``: all of them, from the
+    audit (``cues audit`` keeps reporting them as ``no_delivery_hash``)."""
+    try:
+        ranges = latest_ranges(context, key, ARRIVED_RANGES) or {}
+    except RangesNotRecorded:  # an older version's materialization: look at the whole queue
+        ranges = {p: [0, end] for p, end in lake.queue(q).end_offsets().items()}
+    runs = runs_without_hash(lake, q, ranges)
+    total = sum(hi - lo for spans in runs.values() for lo, hi in spans)
+    everywhere = [v for v in report.violations if v.kind == NO_DELIVERY_HASH and v.queue == q and v.offsets]
+    meta: dict[str, Any] = {"queue": q, "looked_at": ranges, "rows": total, "offsets": runs,
+                            "rows_in_queue": sum(v.offsets[1] - v.offsets[0] for v in everywhere)}
+    if total and contract is not None:
+        spark = _spark_for(context, contract)
+        breaking = 0
+        for part, spans in runs.items():
+            for span in spans:
+                ok, failures = validate_contract(contract, rows_at(lake, q, {part: span}, spark, protocol_only=False))
+                counted = failure_counts(failures)["failing_rows"] if not ok else 0
+                breaking += counted if counted is not None else span[1] - span[0]
+        meta["rows_breaking_the_contract"] = breaking
+    if total:
+        meta["what_to_do"] = ("these rows were appended without a delivery hash (not by a processor step) "
+                              "and downstream processors read them like any row; see docs/dagster.md, "
+                              "'From a red check to a green pipeline'")
+    return AssetCheckResult(asset_key=key, check_name=OUTSIDE_PROTOCOL, passed=total == 0,
+                            severity=AssetCheckSeverity.WARN, metadata=meta)
 
 
 def build_error_queue_check(name: str, *, prefix: Sequence[str] = ()) -> Any:
@@ -260,5 +377,5 @@ def build_checks(graph: Graph, *, prefix: Sequence[str] = ()) -> list[Any]:
     return out
 
 
-__all__ = ["CONTRACT", "EXACTLY_ONCE", "PLATFORM_ERRORS", "build_checks", "build_processor_checks", "latest_rows",
-           "queue_key", "validate_contract"]
+__all__ = ["CONTRACT", "EXACTLY_ONCE", "OUTSIDE_PROTOCOL", "PLATFORM_ERRORS", "build_checks",
+           "build_processor_checks", "queue_key", "rows_at", "validate_contract"]

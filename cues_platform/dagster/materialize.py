@@ -2,7 +2,7 @@
 (recovery, then steps until drained or a bound is hit) and its materialization metadata."""
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +102,18 @@ def _ranges(results: Sequence[StepResult]) -> dict[str, str]:
             lo, hi = spans.get(key, [rng.start, rng.end])
             spans[key] = [min(lo, rng.start), max(hi, rng.end)]
     return {k: f"[{lo}, {hi})" for k, (lo, hi) in sorted(spans.items())}
+
+
+WRITTEN_RANGES = "cues/written_ranges"  # {partition: [start, end)} a materialization added
+# {partition: [start, end)} added to the queue since the previous materialization's end offsets,
+# by anyone: what the outside_protocol check looks at
+ARRIVED_RANGES = "cues/arrived_ranges"
+END_OFFSETS = "cues/end_offsets"
+
+
+def written_ranges(before: Mapping[str, int], after: Mapping[str, int]) -> dict[str, list[int]]:
+    """The offsets added to each partition between two ``end_offsets`` readings (half-open)."""
+    return {p: [before.get(p, 0), end] for p, end in sorted(after.items()) if end > before.get(p, 0)}
 
 
 def pending_delivery(lake: Any, processor_id: str, record: Any, *, home: str | None = None) -> bool:

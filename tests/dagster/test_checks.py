@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from dagster import AssetKey, AssetSelection, materialize
+from dagster import AssetCheckSeverity, AssetKey, AssetSelection, materialize
 
 from cues_platform.dagster import validate_contract
 from cues_platform.dagster.checks import MAX_LISTED, failure_counts
 from cues_platform.processing.history import processor_history
 from tests.dagster.conftest import assets_of, resources_of
 from tests.dagster.graphs import contract, load_orders
+from tests.support import rows
 
 
 def _checks(defs, instance) -> dict[str, tuple[bool, dict]]:
@@ -24,27 +25,83 @@ def _checks(defs, instance) -> dict[str, tuple[bool, dict]]:
             for e in result.get_asset_check_evaluations()}
 
 
-def test_contract_and_exactly_once_checks_fail_on_a_doctored_queue(defs, lake, instance) -> None:
+def _evaluations(result, asset: str = "enriched") -> dict[str, tuple[bool, dict]]:
+    return {e.check_name: (e.passed, {k: v.value for k, v in e.metadata.items()})
+            for e in result.get_asset_check_evaluations() if e.asset_key == AssetKey(asset)}
+
+
+def test_the_contract_check_judges_the_rows_its_materialization_wrote(
+        graph, lake_resource, defs, lake, instance) -> None:
+    """Red: rows a step delivered break the contract as it is now (here: the contract was added
+    after ``enrich`` wrote them). Green again: the next materialization is judged on its own rows,
+    its contract breaks went to the error queue in its steps."""
+    from cues_platform.dagster import CuesSparkResource, build_definitions
+    from tests.dagster.graphs import build_graph
+
+    before_contract = build_definitions(build_graph(with_contract=False), lake=lake_resource,
+                                        spark=CuesSparkResource())
+    load_orders(lake, start=-1, count=11)  # enrich turns -1 into -2: breaks id >= 0
+    assert materialize(assets_of(before_contract), resources=resources_of(before_contract), instance=instance,
+                       selection=[AssetKey("enriched")]).success
+
+    checks = _checks(defs, instance)  # the checks as deployed now, with the contract
+    passed, meta = checks["contract"]
+    assert not passed and meta["judged_ranges"] == {"0": [0, 11]} and meta["rows_checked"] == 11
+    assert meta["failures"] == 1 and meta["failing_rows"] == 1
+    assert meta["failed_checks"] == ["id: greater_than_or_equal_to(0)"] and "-2" in meta["details"]
+    assert checks["exactly_once"][0]
+
+    lake.queue("orders").append(rows(-3, 13), partition="0")  # -3..9: -6, -4 and -2 break it
+    run = materialize(assets_of(defs), resources=resources_of(defs), instance=instance)
+    assert run.success
+    passed, meta = _evaluations(run)["contract"]
+    assert passed and meta["judged_ranges"] == {"0": [11, 21]} and meta["rows_checked"] == 10
+    assert {e.asset_key for e in run.get_asset_materialization_events()} >= {AssetKey("big"), AssetKey("small")}
+    errors = lake.queue("errors").read_arrow(partition="0")
+    assert sorted(errors["queue"].to_pylist()) == ["enriched"] * 3  # quarantined with their payload
+    assert all('"id": -' in p for p in errors["payload"].to_pylist())
+
+
+def test_rows_written_outside_the_protocol_warn_without_blocking_and_the_next_run_is_green(
+        defs, lake, instance) -> None:
+    """A row appended straight into an exactly-once output (no delivery hash) breaking its
+    contract: the blocking checks judge what the protocol delivered and pass, so downstream runs;
+    ``outside_protocol`` (WARN) names the row; the next materialization is green again."""
     load_orders(lake)
     run = materialize(assets_of(defs), resources=resources_of(defs), instance=instance,
                       selection=[AssetKey("enriched")])
-    assert run.success
-    checks = _checks(defs, instance)
-    assert checks["contract"][0] and checks["exactly_once"][0]
-    assert checks["exactly_once"][1]["steps_delivered"] == 3
+    checks = _evaluations(run)
+    assert all(ok for ok, _ in checks.values()) and set(checks) == {"contract", "exactly_once", "outside_protocol"}
+    assert checks["outside_protocol"][1]["rows"] == 0 and checks["exactly_once"][1]["steps_delivered"] == 3
 
-    # a producer appends a row breaking the contract (id >= 0) directly to the queue
     enriched = lake.queue("enriched")
-    enriched.append(pa.table({"id": pa.array([-4], pa.int64()), "note": ["rogue"]}), partition="0")
-    checks = _checks(defs, instance)
-    passed, meta = checks["contract"]
-    assert not passed and meta["failures"] == 1 and meta["failing_rows"] == 1
-    assert meta["queue"] == "enriched"
-    assert meta["failed_checks"] == ["id: greater_than_or_equal_to(0)"]
-    assert "-4" in meta["details"]
-    # a producer row (no delivery hash) in an exactly-once output is written outside the protocol
-    assert not checks["exactly_once"][0]
+    enriched.append(pa.table({"id": pa.array([-4], pa.int64()), "note": ["rogue"]}), partition="0")  # offset 30
+    load_orders(lake, start=30, count=10)
+    run = materialize(assets_of(defs), resources=resources_of(defs), instance=instance)
+    assert run.success
+    checks = _evaluations(run)
+    assert checks["contract"][0] and checks["contract"][1]["judged_ranges"] == {"0": [31, 41]}
+    passed, meta = checks["exactly_once"]
+    assert passed and meta["violations"] == 0 and not meta["lake_ok"]  # the audit still sees it
+    passed, meta = checks["outside_protocol"]
+    assert not passed and meta["rows"] == 1 and meta["offsets"] == {"0": [[30, 31]]}
+    assert meta["rows_breaking_the_contract"] == 1 and "docs/dagster.md" in meta["what_to_do"]
+    (warn,) = [e for e in run.get_asset_check_evaluations() if e.check_name == "outside_protocol"
+               and e.asset_key == AssetKey("enriched")]
+    assert warn.severity == AssetCheckSeverity.WARN
+    assert {e.asset_key for e in run.get_asset_materialization_events()} >= {AssetKey("big"), AssetKey("small")}
 
+    load_orders(lake, start=40, count=10)
+    run = materialize(assets_of(defs), resources=resources_of(defs), instance=instance)
+    passed, meta = _evaluations(run)["outside_protocol"]
+    assert passed and meta["rows"] == 0 and meta["rows_in_queue"] == 1
+
+
+def test_exactly_once_check_fails_on_a_step_delivered_twice(defs, lake, instance) -> None:
+    load_orders(lake)
+    assert materialize(assets_of(defs), resources=resources_of(defs), instance=instance,
+                       selection=[AssetKey("enriched")]).success
+    enriched = lake.queue("enriched")
     # a bug delivers step 1 of enrich a second time, with the same delivery hash
     step1 = [r for r in processor_history(lake, "enrich") if r.is_attempt][1]
     table = enriched.read_arrow(partition="0")
@@ -53,8 +110,8 @@ def test_contract_and_exactly_once_checks_fail_on_a_doctored_queue(defs, lake, i
     enriched.append(mine.select(enriched.payload_schema.names), partition="0",
                     delivery_hash=step1.hash)
     passed, meta = _checks(defs, instance)["exactly_once"]
-    assert not passed and meta["violations"] == 2  # the rogue producer row is still there too
-    assert meta["by_kind"] == {"delivered_twice": 1, "no_delivery_hash": 1} and not meta["lake_ok"]
+    assert not passed and meta["violations"] == 1
+    assert meta["by_kind"] == {"delivered_twice": 1} and not meta["lake_ok"]
     assert "delivered_twice" in meta["first_violations"] and step1.hash[:12] in meta["first_violations"]
 
 
@@ -125,3 +182,20 @@ def test_the_error_queue_check_fails_on_a_row_a_platform_failure_wrote(defs, lak
     passed, meta = check()
     assert not passed and meta["platform_error_rows"] == 1
     assert meta["by_processor"] == {"enrich": {"py4j.protocol.Py4JJavaError": 1}}
+
+
+def test_a_materialization_without_recorded_ranges_is_not_passed_unchecked(defs, lake, instance) -> None:
+    """A materialization an older version made (no ``cues/written_ranges``): the contract check
+    says so and fails instead of passing on nothing; ``outside_protocol`` looks at the whole queue."""
+    from dagster import AssetMaterialization
+
+    load_orders(lake)
+    assert materialize(assets_of(defs), resources=resources_of(defs), instance=instance,
+                       selection=[AssetKey("enriched")]).success
+    lake.queue("enriched").append(pa.table({"id": pa.array([7], pa.int64()), "note": ["by hand"]}), partition="0")
+    instance.report_runless_asset_event(AssetMaterialization(asset_key="enriched"))
+    checks = _checks(defs, instance)
+    passed, meta = checks["contract"]
+    assert not passed and "materialize the asset again" in meta["what_to_do"]
+    passed, meta = checks["outside_protocol"]
+    assert not passed and meta["offsets"] == {"0": [[30, 31]]} and meta["rows_breaking_the_contract"] == 0

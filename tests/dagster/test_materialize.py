@@ -40,7 +40,9 @@ def test_whole_graph_materializes_and_audits_clean(defs, lake, instance) -> None
     evals = {(e.asset_key.to_user_string(), e.check_name): e.passed
              for e in result.get_asset_check_evaluations()}
     assert evals[("enriched", "contract")] and evals[("enriched", "exactly_once")]
-    assert all(evals.values()) and len(evals) == 5
+    assert evals[("enriched", "outside_protocol")] and evals[("big", "outside_protocol")]
+    assert all(evals.values()) and len(evals) == 8
+    assert enriched["cues/written_ranges"] == {"0": [0, 30]} == enriched["cues/arrived_ranges"]
     # a second run with no new data is a no-op: zero steps, same contents
     again = materialize(assets_of(defs), resources=resources_of(defs), instance=instance,
                         selection=[AssetKey("enriched")])
