@@ -32,6 +32,7 @@ from dagster import (
     AssetKey,
     AssetSelection,
     Config,
+    DefaultSensorStatus,
     Definitions,
     MaterializeResult,
     MetadataValue,
@@ -208,10 +209,13 @@ def _configs(participants: Mapping[str, str | None] | Sequence[ParticipantConfig
 
 def participant_defs(participants: Mapping[str, str | None] | Sequence[ParticipantConfig] | None = None,
                      *, sensor_interval_seconds: int = 30,
-                     schedule_cron: str | None = "*/5 * * * *") -> Definitions:
+                     schedule_cron: str | None = "*/5 * * * *",
+                     automation: DefaultSensorStatus = DefaultSensorStatus.RUNNING) -> Definitions:
     """Assets, checks, sensors, the job ``participants__all`` and its schedule (no resources:
-    the deployment provides ``participants_lake`` and ``spark``)."""
+    the deployment provides ``participants_lake`` and ``spark``). ``automation``: the default
+    status of the sensors and the schedule (RUNNING: on as soon as the daemon loads them)."""
     from assets.participants_sensors import build_participant_sensor
+    from cues_platform.dagster.definitions import schedule_status
 
     configs = _configs(participants)
     producers = [asset_key(p.id) for p in configs if p.role is Role.PRODUCER]
@@ -221,7 +225,8 @@ def participant_defs(participants: Mapping[str, str | None] | Sequence[Participa
     checks = [build_consistency_check(p) for p in configs]
     sensors = [build_participant_sensor(p.id, p.role, asset_key(p.id),
                                         lake_key=PARTICIPANTS_LAKE_KEY,
-                                        minimum_interval_seconds=sensor_interval_seconds)
+                                        minimum_interval_seconds=sensor_interval_seconds,
+                                        default_status=automation)
                for p in configs]
     # one run: producers publish, then consumers process; the next run's producer passes apply
     # the results
@@ -233,6 +238,7 @@ def participant_defs(participants: Mapping[str, str | None] | Sequence[Participa
         jobs.append(job)
         if schedule_cron:
             schedules.append(ScheduleDefinition(name=SCHEDULE_NAME, cron_schedule=schedule_cron,
-                                                job=job, description="one pass of every participant"))
+                                                job=job, description="one pass of every participant",
+                                                default_status=schedule_status(automation)))
     return Definitions(assets=assets_, asset_checks=checks, sensors=sensors, jobs=jobs,
                        schedules=schedules)

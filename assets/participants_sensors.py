@@ -51,7 +51,7 @@ def input_state(lake: Any, queue: str, subject: str) -> dict[str, int]:
 
 def build_participant_sensor(participant: str, role: Role, key: AssetKey, *, lake_key: str,
                              minimum_interval_seconds: int = 30,
-                             default_status: DefaultSensorStatus = DefaultSensorStatus.STOPPED
+                             default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING
                              ) -> Any:
     queue = input_queue(role)
 

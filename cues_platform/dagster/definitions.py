@@ -5,6 +5,8 @@ from typing import Any
 
 from dagster import (
     AssetSelection,
+    DefaultScheduleStatus,
+    DefaultSensorStatus,
     Definitions,
     RetryPolicy,
     ScheduleDefinition,
@@ -52,6 +54,7 @@ def build_definitions(
     key_prefix: Sequence[str] = (),
     sensor_interval_seconds: int = 30,
     max_recovery_attempts: int = 3,
+    automation: DefaultSensorStatus = DefaultSensorStatus.RUNNING,
 ) -> Definitions:
     """Dagster definitions of ``graph``.
 
@@ -61,9 +64,12 @@ def build_definitions(
     - each error queue as an ``AssetSpec`` with an edge from every processor that writes it
       (observed with its rows by processor and reason after each of their materializations);
     - blocking asset checks (``contract``, ``exactly_once``) per processor output;
-    - a new-data sensor per processor with inputs (sink sensors for sinks), a recovery sensor;
+    - a new-data sensor per processor with inputs (sink sensors for sinks), a recovery sensor
+      (for instances without run retries);
     - the job ``{graph}__all`` of every processor asset and, unless ``schedule_cron`` is None, the
       schedule ``{graph}__schedule`` running it;
+    - ``automation``: the default status of every sensor and the schedule (RUNNING: the daemon
+      ticks them as soon as the code location loads; STOPPED: turned on in the UI);
     - resources: ``lake`` (default ``LakeResource()``: $CUES_LAKE or ./lake), ``spark`` (default
       ``CuesSparkResource()``: local[*] or $CUES_SPARK_MASTER; any dagster-pyspark resource or a
       bare SparkSession works), ``backing`` and ``cues_io_manager``. ``resources`` adds more (or
@@ -103,16 +109,21 @@ def build_definitions(
     schedules = []
     if schedule_cron:
         schedules.append(ScheduleDefinition(name=schedule_name(graph), cron_schedule=schedule_cron,
-                                            job=job, description=f"runs graph {graph.name!r}"))
+                                            job=job, description=f"runs graph {graph.name!r}",
+                                            default_status=schedule_status(automation)))
     return Definitions(
         assets=[*externals, *errors, *assets],
         asset_checks=build_checks(graph, prefix=prefix),
         sensors=build_sensors(graph, prefix=prefix, minimum_interval_seconds=sensor_interval_seconds,
-                              max_recovery_attempts=max_recovery_attempts),
+                              max_recovery_attempts=max_recovery_attempts, default_status=automation),
         schedules=schedules,
         jobs=[job],
         resources=res,
     )
+
+
+def schedule_status(automation: DefaultSensorStatus) -> DefaultScheduleStatus:
+    return DefaultScheduleStatus.RUNNING if automation is DefaultSensorStatus.RUNNING else DefaultScheduleStatus.STOPPED
 
 
 def _check_unique_keys(graph: Graph, prefix: tuple[str, ...], external: set) -> None:

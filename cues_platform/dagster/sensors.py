@@ -6,12 +6,14 @@ requests one run of the processor's assets with ``run_key = <processor>@<queue>.
 the same versions always give the same key and Dagster never launches two runs with one key for a
 sensor, so a tick repeated after a crash (before its cursor was saved) launches nothing twice.
 
-Recovery sensor (one per graph): after a run that materialized (or planned to materialize) some of
-the graph's processor assets failed, it requests a run of those assets — which starts with
-recovery — with ``run_key = recovery:<failed run id>``. Its cursor is the event-log storage id of
-the last RUN_FAILURE event it has handled, and a tick returns its run requests and its new cursor
-together (``SensorResult``): if the tick fails, neither is kept and the next tick sees the same
-failures again; the cursor never moves past a failure without a request for it.
+Recovery sensor (one per graph), for instances WITHOUT Dagster's run retries: after a run that
+materialized (or planned to materialize) some of the graph's processor assets failed, it requests
+a run of the assets that run did not materialize (the failed ones and those skipped after them),
+which starts with recovery, with ``run_key = recovery:<failed run id>``. Its cursor is the
+event-log storage id of the last RUN_FAILURE event it has handled, and a tick returns its run
+requests and its new cursor together (``SensorResult``): if the tick fails, neither is kept and
+the next tick sees the same failures again; the cursor never moves past a failure without a
+request for it.
 
 Why the event log and not run records: a run's storage id is assigned when the run is *created*,
 so a cursor over run ids skips a run created before a failure already handled but failing after
@@ -19,15 +21,17 @@ it (a long run failing while another tick was being processed). RUN_FAILURE even
 storage ids when the failure is *recorded*, in the order failures happen. And why not
 ``@run_failure_sensor``: it moves its cursor past an event even when its function raised.
 
-A failed run that Dagster's own run retries will re-execute (tag ``dagster/will_retry=true``) is
-left to them; when they give up, the last retry's failure (``will_retry=false``) is recovered
-here. With run retries on, a failure not tagged yet stops the tick there (the cursor stays before
-it) for up to ``RETRY_DECISION_GRACE_SECONDS``, so the two never both re-run one failure.
+One recovery mechanism per instance: where ``run_retries`` is enabled (the deployment's
+``dagster.yaml``), Dagster re-executes a failed run from failure (only the failed steps and those
+after them) and this sensor requests nothing: it moves its cursor and says why. Both would
+otherwise re-run one failure.
+
+Every sensor here is RUNNING by default (``default_status``): the daemon of ``dagster dev`` ticks
+them as soon as the code location loads.
 """
 
 import hashlib
 import json
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,15 +55,6 @@ RECOVERY_OF_TAG = "cues/recovery_of"
 RECOVERY_ATTEMPT_TAG = "cues/recovery_attempt"
 TRIGGER_TAG = "cues/trigger"
 MAX_FAILURES_PER_TICK = 100
-WILL_RETRY_TAG = "dagster/will_retry"  # set by Dagster on a failed run when run retries are on
-RETRY_DECISION_GRACE_SECONDS = 60.0
-
-
-def awaiting_retry_decision(instance: Any, run: Any, failed_at: float) -> bool:
-    """True while Dagster's run retries are on and the failed run has no ``dagster/will_retry``
-    tag yet (Dagster adds it just after storing the failure; a grace period bounds the wait)."""
-    return (bool(instance.run_retries_enabled) and WILL_RETRY_TAG not in run.tags
-            and time.time() - failed_at < RETRY_DECISION_GRACE_SECONDS)
 
 
 def input_queues(proc: Processor) -> list[str]:
@@ -86,7 +81,7 @@ def sensor_name(graph: Graph, proc: Processor) -> str:
 
 def build_new_data_sensor(graph: Graph, proc: Processor, *, prefix: Sequence[str] = (),
                           minimum_interval_seconds: int = 30,
-                          default_status: DefaultSensorStatus = DefaultSensorStatus.STOPPED) -> Any:
+                          default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING) -> Any:
     keys = processor_keys(proc, prefix)
     pid = proc.id
     what = "sink" if proc.kind is Kind.SINK else "processor"
@@ -116,52 +111,61 @@ def _has_rows(lake: Any, name: str) -> bool:
     return lake.has_queue(name) and any(lake.queue(name).end_offsets().values())
 
 
+def _run_asset_keys(instance: Any, run_id: str, event_type: DagsterEventType) -> set[AssetKey]:
+    records = instance.get_records_for_run(run_id, of_type=event_type).records
+    keys = set()
+    for rec in records:
+        event = rec.event_log_entry.dagster_event
+        key = getattr(event.event_specific_data, "asset_key", None) if event is not None else None
+        if key is None and event is not None:
+            key = getattr(getattr(event.event_specific_data, "materialization", None), "asset_key", None)
+        if key is not None:
+            keys.add(key)
+    return keys
+
+
 def failed_run_assets(instance: Any, run: Any, ours: set[AssetKey]) -> list[AssetKey]:
-    """The graph's processor assets a failed run selected (or planned), in key order."""
-    keys: set[AssetKey] = set()
-    if run.asset_selection:
-        keys |= set(run.asset_selection) & ours
-    if not keys:
-        records = instance.get_records_for_run(
-            run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION_PLANNED).records
-        for rec in records:
-            data = rec.event_log_entry.dagster_event.event_specific_data
-            key = getattr(data, "asset_key", None)
-            if key in ours:
-                keys.add(key)
-    return sorted(keys, key=lambda k: k.to_user_string())
+    """The graph's processor assets a failed run selected (or planned) and did not materialize:
+    the failed ones and those skipped after them, in key order."""
+    planned = set(run.asset_selection or ()) & ours
+    if not planned:
+        planned = _run_asset_keys(instance, run.run_id, DagsterEventType.ASSET_MATERIALIZATION_PLANNED) & ours
+    done = _run_asset_keys(instance, run.run_id, DagsterEventType.ASSET_MATERIALIZATION)
+    return sorted(planned - done, key=lambda k: k.to_user_string())
 
 
 def build_recovery_sensor(graph: Graph, *, prefix: Sequence[str] = (), max_attempts: int = 3,
                           minimum_interval_seconds: int = 30,
-                          default_status: DefaultSensorStatus = DefaultSensorStatus.STOPPED) -> Any:
+                          default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING) -> Any:
     ours: set[AssetKey] = {k for p in graph.processors.values() for k in processor_keys(p, prefix)}
 
     @sensor(name=f"{graph.name}__recovery", target=AssetSelection.assets(*ours),
             minimum_interval_seconds=minimum_interval_seconds, default_status=default_status,
-            description="After a run of this graph's processor assets fails, launches one "
-                        "recovery run of those assets (recovery is idempotent; exactly-once holds).")
+            description="On an instance without run retries: after a run of this graph's processor "
+                        "assets fails, launches one recovery run of the assets it did not "
+                        "materialize (recovery is idempotent; exactly-once holds).")
     def _recovery(context: SensorEvaluationContext):
         state = json.loads(context.cursor) if context.cursor else {}
         after = state.get("after_storage_id")
         records = context.instance.fetch_run_status_changes(
             RunStatusChangeRecordsFilter(DagsterEventType.RUN_FAILURE, after_storage_id=after),
             limit=MAX_FAILURES_PER_TICK, ascending=True).records
+        if context.instance.run_retries_enabled:  # one mechanism: Dagster's, from failure
+            if records:
+                after = records[-1].storage_id
+            cursor = json.dumps({"after_storage_id": after}) if after is not None else context.cursor
+            return SensorResult(skip_reason=SkipReason(
+                "run retries are on for this instance (dagster.yaml run_retries): Dagster re-executes "
+                "failed runs from failure, so this sensor requests nothing"), cursor=cursor)
         requests: list[RunRequest] = []
         skipped: list[str] = []
-        left: list[str] = []
         for record in records:
             run = context.instance.get_run_by_id(record.run_id)
-            if run is not None and awaiting_retry_decision(context.instance, run, record.timestamp):
-                break  # Dagster has not tagged this failure yet: look again next tick, in order
             after = record.storage_id
             if run is None:
                 continue
             keys = failed_run_assets(context.instance, run, ours)
             if not keys:
-                continue
-            if run.tags.get(WILL_RETRY_TAG) == "true":
-                left.append(run.run_id)  # Dagster's run retries re-execute it (from failure)
                 continue
             attempt = int(run.tags.get(RECOVERY_ATTEMPT_TAG, "0")) + 1
             if attempt > max_attempts:
@@ -179,8 +183,6 @@ def build_recovery_sensor(graph: Graph, *, prefix: Sequence[str] = (), max_attem
             reason = "no new failed runs of this graph's assets"
             if skipped:
                 reason = f"failed runs past the recovery limit: {', '.join(skipped)}"
-            if left:
-                reason += f"; left to Dagster's run retries: {', '.join(left)}"
             return SensorResult(skip_reason=SkipReason(reason), cursor=cursor)
         return SensorResult(run_requests=requests, cursor=cursor)
 
@@ -188,10 +190,13 @@ def build_recovery_sensor(graph: Graph, *, prefix: Sequence[str] = (), max_attem
 
 
 def build_sensors(graph: Graph, *, prefix: Sequence[str] = (), minimum_interval_seconds: int = 30,
-                  max_recovery_attempts: int = 3) -> list[Any]:
+                  max_recovery_attempts: int = 3,
+                  default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING) -> list[Any]:
     out = [build_new_data_sensor(graph, graph.processors[pid], prefix=prefix,
-                                 minimum_interval_seconds=minimum_interval_seconds)
+                                 minimum_interval_seconds=minimum_interval_seconds,
+                                 default_status=default_status)
            for pid in graph.topological_order() if graph.processors[pid].inputs]
     out.append(build_recovery_sensor(graph, prefix=prefix, max_attempts=max_recovery_attempts,
-                                     minimum_interval_seconds=minimum_interval_seconds))
+                                     minimum_interval_seconds=minimum_interval_seconds,
+                                     default_status=default_status))
     return out

@@ -9,7 +9,6 @@ the last RUN_FAILURE event handled, so no failure is ever missed or handled twic
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 from dagster import AssetKey, asset, build_sensor_context, instance_for_test, materialize
@@ -20,7 +19,6 @@ from cues_platform.dagster import (
     LakeResource,
     new_data_run_key,
 )
-from cues_platform.dagster.sensors import RETRY_DECISION_GRACE_SECONDS, awaiting_retry_decision
 from tests.dagster.conftest import assets_of, resources_of
 from tests.dagster.graphs import load_orders, rows
 
@@ -144,24 +142,20 @@ def test_recovery_attempts_are_counted_and_bounded(defs, instance, recovery) -> 
     assert not recovery(tick.cursor).run_requests and recovery(tick.cursor).skip_message
 
 
-def test_runs_dagster_will_retry_are_left_to_run_retries(defs, instance, recovery) -> None:
-    retried = _fail(defs, instance, ["enriched"], "enrich", tags={"dagster/will_retry": "true"})
-    tick = recovery(None)
-    assert not tick.run_requests and retried in tick.skip_message and "run retries" in tick.skip_message
-    given_up = _fail(defs, instance, ["enriched"], "enrich", tags={"dagster/will_retry": "false"})
-    assert [r.run_key for r in recovery(tick.cursor).run_requests] == [f"recovery:{given_up}"]
+def test_recovery_targets_only_what_the_failed_run_did_not_materialize(defs, instance, recovery) -> None:
+    """enrich succeeded, split failed and archive was skipped: the recovery run re-runs split's
+    and archive's assets, not enrich's."""
+    failed = _fail(defs, instance, ["enriched", "big", "small", "archive"], "split")
+    (request,) = recovery(None).run_requests
+    assert request.run_key == f"recovery:{failed}"
+    assert request.asset_selection == [AssetKey("archive"), AssetKey("big"), AssetKey("small")]
 
 
-def test_untagged_failure_waits_for_dagsters_retry_decision(defs) -> None:
-    """With run retries on, a failure Dagster has not tagged yet holds the recovery cursor (for a
-    bounded time), so the recovery sensor and run retries never both re-run it."""
-    job = defs.resolve_job_def("shop__all")
-    with instance_for_test(overrides={"run_retries": {"enabled": True}}) as retrying:
-        run = retrying.create_run_for_job(job)
-        now = time.time()
-        assert awaiting_retry_decision(retrying, run, now)
-        assert not awaiting_retry_decision(retrying, run, now - RETRY_DECISION_GRACE_SECONDS - 1)
-        tagged = retrying.create_run_for_job(job, tags={"dagster/will_retry": "false"})
-        assert not awaiting_retry_decision(retrying, tagged, now)
-    with instance_for_test() as plain:
-        assert not awaiting_retry_decision(plain, plain.create_run_for_job(job), time.time())
+def test_with_run_retries_on_the_recovery_sensor_requests_nothing(defs, lake_resource) -> None:
+    """One recovery mechanism per instance: where Dagster's run retries are on, they re-execute the
+    failed run from failure and the sensor stands by (its cursor moves, so nothing replays later)."""
+    with instance_for_test(overrides={"run_retries": {"enabled": True, "max_retries": 3}}) as retrying:
+        _fail(defs, retrying, ["enriched"], "enrich")
+        tick = _tick(defs, "shop__recovery", retrying, lake_resource, None)
+        assert not tick.run_requests and "run retries are on" in tick.skip_message
+        assert json.loads(tick.cursor)["after_storage_id"] is not None

@@ -52,6 +52,11 @@ def test_checks_sensors_job_schedule() -> None:
                                                           "payments__schedule"]
     job = repo.get_job("payments__all")
     assert job is not None
+    # automation on by default: the daemon of `dagster dev` ticks them as soon as it loads them
+    from dagster import DefaultScheduleStatus, DefaultSensorStatus
+
+    assert {s.name for s in repo.sensor_defs if s.default_status is not DefaultSensorStatus.RUNNING} == set()
+    assert {s.name for s in repo.schedule_defs if s.default_status is not DefaultScheduleStatus.RUNNING} == set()
 
 
 def test_participants_next_to_payments() -> None:
@@ -124,7 +129,7 @@ def test_workspace_and_dagster_home() -> None:
     assert (ROOT / target["relative_path"]).is_file()
     home = yaml.safe_load((ROOT / "dagster_home" / "dagster.yaml").read_text())
     assert home["telemetry"] == {"enabled": False}
-    assert home["run_retries"] == {"enabled": True, "max_retries": 1}
+    assert home["run_retries"] == {"enabled": True, "max_retries": 3}
     assert home["nux"] == {"enabled": False}
     assert "sqlite" in home["storage"]
     assert Path(ROOT / "dagster_home").is_dir()
