@@ -97,11 +97,14 @@ def processor_pool(graph: Graph, proc: Processor) -> str:
     return f"cues__{_tag(graph.name)}__{_tag(proc.id)}"
 
 
-def external_spec(graph: Graph, name: str, *, prefix: Sequence[str], group_name: str | None) -> AssetSpec:
+def external_spec(graph: Graph, name: str, *, prefix: Sequence[str], group_name: str | None,
+                  producers: Sequence[AssetKey] = ()) -> AssetSpec:
+    """An external input queue; ``producers``: assets outside the graph that write it (lineage)."""
     qdef = graph.queues[name]
     readers = sorted(p.id for p in graph.processors.values() if any(i.queue == name for i in p.inputs.values()))
     return AssetSpec(
         queue_key(name, prefix),
+        deps=list(producers),
         description=f"External input queue {name!r} of graph {graph.name!r} (written by producers "
                     f"outside the graph; read by {', '.join(readers)}).",
         group_name=group_name,
@@ -128,11 +131,14 @@ def processor_specs(graph: Graph, proc: Processor, *, prefix: Sequence[str],
     err = graph.error_queue_of(proc)
     if err:
         common["cues/error_queue"] = err
+    # the graph shows kinds on each node: the processor's name among them (assets are named
+    # after their queues, so the processor was visible only in tags)
+    kinds = {*KINDS, _tag(proc.id)}
     specs = []
     queues = output_queues(proc)
     if not queues:
         return [AssetSpec(AssetKey([*prefix, proc.id]), deps=deps, description=doc,
-                          group_name=group_name, kinds=set(KINDS), tags={**tags, "cues/sink": "true"},
+                          group_name=group_name, kinds=kinds, tags={**tags, "cues/sink": "true"},
                           metadata=common)]
     for q in queues:
         qdef = graph.queues[q]
@@ -143,7 +149,7 @@ def processor_specs(graph: Graph, proc: Processor, *, prefix: Sequence[str],
         else:
             desc = doc
         specs.append(AssetSpec(queue_key(q, prefix), deps=deps, description=desc,
-                               group_name=group_name, kinds=set(KINDS), tags=tags,
+                               group_name=group_name, kinds=kinds, tags=tags,
                                metadata=meta).with_io_manager_key(IO_MANAGER_KEY))
     return specs
 

@@ -4,6 +4,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dagster import (
+    AssetKey,
     AssetSelection,
     DefaultScheduleStatus,
     DefaultSensorStatus,
@@ -27,7 +28,7 @@ from cues_platform.dagster.assets import (
 from cues_platform.dagster.checks import build_checks
 from cues_platform.dagster.error_queues import error_queue_spec, error_queue_writers
 from cues_platform.dagster.io_manager import CuesIOManager
-from cues_platform.dagster.resources import BackingQueueResource, CuesSparkResource, LakeResource
+from cues_platform.dagster.resources import CuesSparkResource, LakeResource
 from cues_platform.dagster.sensors import build_sensors
 from cues_platform.processing.graph import Graph
 
@@ -55,12 +56,14 @@ def build_definitions(
     sensor_interval_seconds: int = 30,
     max_recovery_attempts: int = 3,
     automation: DefaultSensorStatus = DefaultSensorStatus.RUNNING,
+    producers: Mapping[str, Sequence[AssetKey]] | None = None,
 ) -> Definitions:
     """Dagster definitions of ``graph``.
 
     - one ``multi_asset`` per processor (op name = processor id), one asset per output queue (key
       ``[*key_prefix, queue]``), a sink/imperative without outputs as one asset named after it;
-    - external input queues as external ``AssetSpec``s; lineage from the topology;
+    - external input queues as external ``AssetSpec``s; lineage from the topology, and from
+      ``producers`` (``{queue: [asset keys outside the graph that write it]}``) into them;
     - each error queue as an ``AssetSpec`` with an edge from every processor that writes it
       (observed with its rows by processor and reason after each of their materializations);
     - blocking asset checks (``contract``, ``exactly_once``) per processor output;
@@ -72,7 +75,7 @@ def build_definitions(
       ticks them as soon as the code location loads; STOPPED: turned on in the UI);
     - resources: ``lake`` (default ``LakeResource()``: $CUES_LAKE or ./lake), ``spark`` (default
       ``CuesSparkResource()``: local[*] or $CUES_SPARK_MASTER; any dagster-pyspark resource or a
-      bare SparkSession works), ``backing`` and ``cues_io_manager``. ``resources`` adds more (or
+      bare SparkSession works) and ``cues_io_manager``. ``resources`` adds more (or
       replaces these); every extra resource is also handed to processor functions as
       ``ctx.resources[key]``.
     """
@@ -83,13 +86,20 @@ def build_definitions(
     spark_res = extra.get(SPARK_KEY, spark_res)
     res: dict[str, Any] = {LAKE_KEY: lake_res, SPARK_KEY: spark_res}
     if isinstance(lake_res, LakeResource):
-        res[BACKING_KEY] = BackingQueueResource(lake=lake_res)
+        # (no ``backing`` resource by default: no asset requires it; pass one in ``resources``)
         res[IO_MANAGER_KEY] = CuesIOManager(lake=lake_res, spark=spark_res)
     res.update(extra)
     user_keys = sorted(k for k in extra if k not in RESERVED_KEYS)
     prefix = tuple(key_prefix)
 
-    externals = [external_spec(graph, q, prefix=prefix, group_name=group_name)
+    unknown = sorted(set(producers or {}) - set(external_queues(graph)))
+    if unknown:
+        from cues_platform.processing.errors import GraphError
+
+        raise GraphError(f"graph {graph.name!r}: producers given for {unknown}, which are not external "
+                         f"input queues (those are {sorted(external_queues(graph))})")
+    externals = [external_spec(graph, q, prefix=prefix, group_name=group_name,
+                               producers=(producers or {}).get(q, ()))
                  for q in external_queues(graph)]
     assets = [build_processor_asset(graph, graph.processors[pid], prefix=prefix,
                                     group_name=group_name, retry_policy=retry_policy,

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from cues_platform.errors import JavaNotFoundError
@@ -83,6 +84,18 @@ LOCAL_FILES_DEFAULTS = {
 }
 
 
+LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
+JAVA_OPTIONS_KEY = "spark.driver.extraJavaOptions"
+
+
+def driver_java_options(settings: SparkSettings) -> str:
+    """The driver JVM's options: our quiet log configuration first, then the user's (a
+    ``-Dlog4j2.configurationFile`` of theirs comes later and wins)."""
+    ours = f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()}"
+    theirs = settings.conf.get(JAVA_OPTIONS_KEY, "")
+    return f"{ours} {theirs}".strip()
+
+
 def use_this_python(settings: SparkSettings) -> None:
     """Make Spark's Python workers (and the driver) run this interpreter, which has pyarrow and the
     user's packages, instead of whatever ``python3`` is first on PATH. A value the user set
@@ -114,6 +127,8 @@ def get_spark(settings: SparkSettings | None = None) -> Any:
     builder = builder.appName(s.app_name)
     for key, value in s.conf.items():
         builder = builder.config(key, value)
+    if not s.master.startswith("sc://"):
+        builder = builder.config(JAVA_OPTIONS_KEY, driver_java_options(s))
     session = builder.getOrCreate()
     if not s.master.startswith("sc://"):
         session.sparkContext.setLogLevel(os.environ.get("CUES_SPARK_LOG_LEVEL", "ERROR"))

@@ -36,7 +36,8 @@ def test_definitions_load_with_assets_lineage_checks_sensors_schedule() -> None:
     assert split.op.pool == "cues__shop__split"  # one concurrency pool per processor
     node = ag.get(AssetKey("enriched"))
     assert node.group_name == "shop"
-    assert node.kinds == {"spark", "delta"}
+    assert node.kinds == {"spark", "delta", "enrich"}  # the processor's name shows on the graph node
+    assert ag.get(AssetKey("big")).kinds == {"spark", "delta", "split"}
     assert node.tags["cues/kind"] == "map" and node.tags["cues/strategy"] == "exactly_once"
     assert "Doubles every order id" in (node.description or "")
     assert ag.get(AssetKey("archive")).tags["cues/kind"] == "sink"
@@ -59,7 +60,8 @@ def test_definitions_load_with_assets_lineage_checks_sensors_schedule() -> None:
     job = defs.resolve_job_def("shop__all")
     assert {k.to_user_string() for k in job.asset_layer.executable_asset_keys} >= {
         "enriched", "big", "small", "archive"}
-    assert {"lake", "spark", "backing", "cues_io_manager"} <= set(repo.get_top_level_resources())
+    resources = set(repo.get_top_level_resources())
+    assert {"lake", "spark", "cues_io_manager"} <= resources and "backing" not in resources  # used by nothing
 
 
 def test_no_schedule_and_key_prefix() -> None:
@@ -79,3 +81,13 @@ def test_lake_resource_from_env_var_and_secret_options(tmp_path, monkeypatch) ->
     assert info.value.env == "NO_SUCH_VAR" and "NO_SUCH_VAR" in str(info.value)
     monkeypatch.setenv("NO_SUCH_VAR", "s3cr3t")
     assert secret.lake().options == {"AWS_SECRET_ACCESS_KEY": "s3cr3t"}
+
+
+def test_producers_draw_lineage_into_external_queues_and_nothing_else() -> None:
+    graph = build_graph()
+    defs = build_definitions(graph, producers={"orders": [AssetKey("shop_frontend")]})
+    assert defs.resolve_asset_graph().get(AssetKey("orders")).parent_keys == {AssetKey("shop_frontend")}
+    from cues_platform.processing.errors import GraphError
+
+    with pytest.raises(GraphError, match=r"producers given for \['enriched'\], which are not external"):
+        build_definitions(graph, producers={"enriched": [AssetKey("x")]})

@@ -31,6 +31,7 @@ def test_definitions_load_every_payments_asset() -> None:
     # lineage follows the graph: postings -> instructions -> parsed -> priced -> results ...
     graph = repo.asset_graph
     assert AssetKey("postings") in graph.get(AssetKey("instructions")).parent_keys
+    assert graph.get(AssetKey("postings")).parent_keys == {AssetKey("participant_traffic")}  # who writes it
     assert {AssetKey("parsed"), AssetKey("fx_rates")} <= graph.get(AssetKey("priced")).parent_keys
     assert AssetKey("results") in graph.get(AssetKey("settlement_report")).parent_keys
     assert AssetKey("ledger_entries") in graph.get(AssetKey("ledger")).parent_keys
@@ -119,7 +120,8 @@ def test_resources_one_per_key() -> None:
     from resources import LedgerResource
 
     resources = _repo().get_top_level_resources()
-    assert {"lake", "spark", "ledger", "backing", "cues_io_manager", "participants_lake"} <= set(resources)
+    assert {"lake", "spark", "ledger", "cues_io_manager", "participants_lake"} <= set(resources)
+    assert "backing" not in resources  # no asset requires it
     assert isinstance(defs.resources["ledger"], LedgerResource)
 
 

@@ -38,6 +38,18 @@ def test_workers_run_this_python_when_the_user_set_none(tmp_path: Path):
     lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if line[:3] in ("ENV", "WOR"))
     assert lines["ENV"] == f"{sys.executable} {sys.executable}"
     assert lines["WORKER"] == sys.executable
+    # a quiet start: no banner, no log-level notice, no warning (only the JVM's own module line)
+    for noise in ("Using Spark's default log4j profile", "Setting default log level", "NativeCodeLoader", " WARN "):
+        assert noise not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_the_users_driver_java_options_come_after_the_quiet_log_configuration():
+    from cues_platform.spark.session import LOG_CONFIG, SparkSettings, driver_java_options
+
+    assert LOG_CONFIG.is_file()
+    assert driver_java_options(SparkSettings()) == f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()}"
+    mine = SparkSettings(conf={"spark.driver.extraJavaOptions": "-Dlog4j2.configurationFile=/etc/mine.xml -Xss4m"})
+    assert driver_java_options(mine).endswith(" -Dlog4j2.configurationFile=/etc/mine.xml -Xss4m")
 
 
 def test_a_python_the_user_chose_is_kept(monkeypatch):
