@@ -85,20 +85,23 @@ def main() -> None:
 
 @main.command()
 @click.option(
-    "--lake", "lake_root", default=".cues/demo-lake", show_default=True, help="Lake root (recreated)."
-)
+    "--lake", "lake_root", default=None,
+    help="Lake root (recreated). Default: the lake the Dagster UI serves ($CUES_LAKE or ./lake) with "
+         "--engine dagster, .cues/demo-lake with --engine runner.")
 @click.option("--messages", type=int, default=None,
               help="Postings to generate (default 3,000; with --queues: 100,000 messages).")
 @click.option("--seed", default=7, show_default=True, help="Traffic seed (the same seed, the same traffic).")
 @click.option("--rate", default=0.03, show_default=True,
               help="Postings per second of traffic time (3,000 at 0.03/s: about 28 hours, two value dates).")
 @click.option("--batch-size", default=1_000, show_default=True, help="Processor batch size.")
-@click.option("--engine", type=click.Choice(["runner", "dagster"]), default="runner", show_default=True,
-              help="Process with the graph runner, or by materializing the Dagster assets in process.")
+@click.option("--engine", type=click.Choice(["dagster", "runner"]), default="dagster", show_default=True,
+              help="dagster: the deployment's job payments__all as Dagster runs on the project's instance "
+                   "($DAGSTER_HOME or ./dagster_home), shown by `dagster dev` afterwards; runner: the graph "
+                   "runner alone (faster, records no Dagster run; --batch-size applies to it only).")
 @click.option("--keep-postgres", is_flag=True,
               help="Leave the embedded PostgreSQL running afterwards (default: stop it if the demo started it).")
 @click.option("--queues", "queues_only", is_flag=True, help="The earlier queue-layer demo instead.")
-def demo(lake_root: str, messages: int | None, seed: int, rate: float, batch_size: int, engine: str,
+def demo(lake_root: str | None, messages: int | None, seed: int, rate: float, batch_size: int, engine: str,
          keep_postgres: bool, queues_only: bool) -> None:
     """The main job: the reference payments pipeline end to end on embedded defaults.
 
@@ -110,20 +113,28 @@ def demo(lake_root: str, messages: int | None, seed: int, rate: float, batch_siz
     if queues_only:
         from cues_platform.demo import run_demo
 
-        ok = run_demo(lake_root=lake_root, messages=messages or 100_000, console=console)
+        ok = run_demo(lake_root=lake_root or ".cues/demo-lake", messages=messages or 100_000, console=console)
         sys.exit(0 if ok else 1)
+    if engine == "dagster":
+        # the deployment's code location reads $CUES_LAKE when it loads: point it at this lake
+        lake_root = lake_root or os.environ.get("CUES_LAKE") or "lake"
+        os.environ["CUES_LAKE"] = lake_root
+    else:
+        lake_root = lake_root or ".cues/demo-lake"
     from pathlib import Path
 
     from cues_platform.pgserver_db import DSN_ENV, embedded_postgres, stop_embedded_postgres
     from cues_platform.reference.generator import TrafficSpec
     from cues_platform.reference.job import DEFAULT_PG_DIR, run_reference
-    from cues_platform.reference.ledger import LedgerDB
+    from cues_platform.reference.ledger import DEFAULT_SCHEMA, LedgerDB
 
     external = os.environ.get(DSN_ENV, "").strip()
     pg_dir = Path(DEFAULT_PG_DIR)
+    # the deployment's ledger resource books into DEFAULT_SCHEMA (resources/postgres.py)
+    schema = DEFAULT_SCHEMA if engine == "dagster" else "cues_demo"
     started_pg = False
     if external:
-        db = LedgerDB(external, schema="cues_demo")  # the DSN may hold a password: never printed
+        db = LedgerDB(external, schema=schema)  # the DSN may hold a password: never printed
     else:
         import warnings
 
@@ -134,7 +145,7 @@ def demo(lake_root: str, messages: int | None, seed: int, rate: float, batch_siz
         info = PostmasterInfo.read_from_pgdata(pg_dir.resolve()) if pg_dir.exists() else None
         started_pg = info is None or not info.is_running()
         with console.status(f"starting the embedded PostgreSQL ({pg_dir}) ..."):
-            db = LedgerDB(embedded_postgres(pg_dir), schema="cues_demo")
+            db = LedgerDB(embedded_postgres(pg_dir), schema=schema)
     try:
         spec = TrafficSpec(messages=messages or 3_000, seed=seed, rate=rate)
         summary = run_reference(lake_root=lake_root, spec=spec, console=console, ledger=db,

@@ -1,8 +1,9 @@
 """The main job: the reference payments pipeline end to end on embedded defaults.
 
 1. Generate realistic traffic into a fresh lake (:mod:`cues_platform.reference.generator`).
-2. Process it: every processor of the payments graph until idle (GraphRunner, upstream first;
-   or Dagster's ``materialize`` with ``engine="dagster"``), with live progress.
+2. Process it: with ``engine="dagster"``, the deployment's job ``payments__all`` as Dagster runs
+   on the project's instance (:mod:`cues_platform.reference.deployment`); with ``"runner"``, every
+   processor of the payments graph until idle (GraphRunner, upstream first), with live progress.
 3. Reconcile: every posting landed exactly where the generator says (one result, or one row in
    the error queue for malformed input), the PostgreSQL ledger equals the OK results.
 4. Audit the lake (:func:`cues_platform.audit.audit`) and print a short summary.
@@ -21,7 +22,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cues_platform.errors import CuesError
 from cues_platform.processing import Graph, GraphRunner, ProcessorStats
 from cues_platform.queues import Lake
 from cues_platform.queues.lake import reset_local_lake
@@ -38,10 +38,6 @@ from cues_platform.reference.pipeline import payments_graph
 from cues_platform.reference.report import read_results, settlement_report
 
 DEFAULT_PG_DIR = ".cues/postgres"
-
-
-class MaterializationFailedError(CuesError):
-    """A Dagster materialization of the payments assets failed (``--engine dagster``)."""
 
 
 # -- reconciliation ---------------------------------------------------------------------------------
@@ -256,7 +252,9 @@ def run_reference(*, lake_root: str, spec: TrafficSpec, console: Any, ledger: Le
     timings["spark start"] = time.monotonic() - t
     t = time.monotonic()
     if engine == "dagster":
-        materialize_all(graph, lake, spark=spark, ledger=ledger, console=console)
+        from cues_platform.reference.deployment import run_main_job
+
+        run_main_job(project=Path.cwd(), lake=lake, graph=graph, days=traffic.days, console=console)
     else:
         process(graph, lake, spark=spark, ledger=ledger, console=console)
     timings["process"] = time.monotonic() - t
@@ -272,28 +270,6 @@ def run_reference(*, lake_root: str, spec: TrafficSpec, console: Any, ledger: Le
                       report.to_text(max_per_kind=5), time.monotonic() - started, timings)
     print_summary(summary, console)
     return summary
-
-
-def materialize_all(graph: Graph, lake: Lake, *, spark: Any, ledger: LedgerDB, console: Any,
-                    max_runs: int = 50) -> None:
-    """Process with Dagster: materialize every processor asset (in-process) until nothing moves."""
-    from dagster import materialize
-
-    from cues_platform.dagster import LakeResource, build_definitions  # type: ignore[import-not-found]
-
-    defs = build_definitions(graph, lake=LakeResource(root=lake.root), resources={"ledger": ledger})
-    assets = list(defs.assets or [])
-    for run in range(1, max_runs + 1):
-        before = {q: lake.queue(q).version() for q in graph.queues}
-        with console.status(f"dagster: materializing every processor asset (run {run}) ..."):
-            result = materialize(assets, resources=dict(defs.resources or {}),
-                                 run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}})
-        if not result.success:
-            raise MaterializationFailedError(
-                f"the Dagster materialization of every processor asset failed (run {run}, id "
-                f"{result.run_id}); the failed step's error is in the log above", run_id=result.run_id)
-        if {q: lake.queue(q).version() for q in graph.queues} == before:
-            return
 
 
 def print_summary(s: Summary, console: Any) -> None:

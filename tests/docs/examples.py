@@ -129,7 +129,7 @@ DOCS_TESTS = "tests/docs/test_docs_examples.py"
 MAIN_JOB = "tests/reference/test_main_job.py"
 
 DAGSTER_DEV = "DAGSTER_HOME=$PWD/dagster_home .venv/bin/dagster dev -h 127.0.0.1 -w workspace.yaml"
-MATERIALIZE_DAY = ("DAGSTER_HOME=$PWD/dagster_home CUES_LAKE=$PWD/.cues/demo-lake .venv/bin/dagster asset "
+MATERIALIZE_DAY = ("DAGSTER_HOME=$PWD/dagster_home .venv/bin/dagster asset "
                    "materialize -f definitions.py --select settlement_report --partition 2026-11-21")
 AUDIT = "cues audit --lake ./lake"
 AUDIT_JSON = "cues audit --lake ./lake --json"
@@ -161,8 +161,8 @@ RUN_BY: dict[tuple[str, str], str] = {
     ("README.md", DAGSTER_DEV): f"{DOCS_TESTS}::test_dagster_dev_serves_the_deployment",
     ("docs/reference-pipeline.md", DAGSTER_DEV): f"{DOCS_TESTS}::test_dagster_dev_serves_the_deployment",
     ("docs/reference-pipeline.md", MATERIALIZE_DAY): f"{DOCS_TESTS}::test_cues_demo_then_a_day_again",
-    ("docs/reference-pipeline.md", ".venv/bin/cues demo --engine dagster --messages 500"):
-        f"{DOCS_TESTS}::test_cues_demo_engine_dagster",
+    ("docs/reference-pipeline.md", ".venv/bin/cues demo --engine runner --messages 500"):
+        f"{DOCS_TESTS}::test_cues_demo_engine_runner",
     ("docs/reference-pipeline.md", ".venv/bin/cues demo --queues"): f"{DOCS_TESTS}::test_cues_demo_queues",
     ("docs/jepsen.md", "cues jepsen --duration 40 --keys 1500"):
         "tests/jepsen/test_jepsen.py::test_jepsen_harness_every_check_passes",

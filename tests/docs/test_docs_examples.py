@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
+import pytest
 from deltalake import DeltaTable
 
 from cues_platform.queues import Lake
@@ -221,32 +221,56 @@ def test_dagster_dev_serves_the_deployment(workspace: Path) -> None:
 
 # -- docs/reference-pipeline.md: the main job and a day of the report again --------------------------
 def _report_day(workspace: Path, day: str) -> list[dict]:
-    t = DeltaTable(str(workspace / ".cues" / "demo-lake" / "assets" / "settlement_report")).to_pyarrow_table()
-    assert set(pc.unique(t["partition_key"]).to_pylist()) == {day}  # no other day written
-    return sorted(t.drop_columns(["partition_key"]).to_pylist(), key=lambda r: r["participant"])
+    t = DeltaTable(str(workspace / "lake" / "assets" / "settlement_report")).to_pyarrow_table()
+    return sorted((r for r in t.to_pylist() if r["partition_key"] == day), key=lambda r: r["participant"])
+
+
+def _instance_records(workspace: Path) -> tuple[list, dict[str, set[str]], int]:
+    """(runs, {asset: partitions materialized}, check evaluations) of the workspace's instance."""
+    from dagster import AssetKey, DagsterEventType, DagsterInstance, EventRecordsFilter
+
+    home = workspace / "dagster_home"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DAGSTER_HOME", str(home))
+        with DagsterInstance.from_config(str(home)) as instance:
+            runs = instance.get_runs()
+            parts = {key: {r.partition_key or "" for r in instance.fetch_materializations(AssetKey(key), limit=100).records}
+                     for key in ("instructions", "results", "settlement_report")}
+            checks = len(instance.get_event_records(EventRecordsFilter(DagsterEventType.ASSET_CHECK_EVALUATION), limit=1000))
+    return runs, parts, checks
 
 
 def test_cues_demo_then_a_day_again(workspace: Path) -> None:
-    """`bash run.sh demo` (= `.venv/bin/cues demo`, as its comment says) makes `.cues/demo-lake` with
-    two value dates and a clean audit; the printed `dagster asset materialize` of 2026-11-21 then
-    writes that day's report, and running it again gives the same rows, never doubled."""
+    """`bash run.sh demo` (= `.venv/bin/cues demo`, as its comment says) runs the deployment's job
+    as Dagster runs on the project's instance, against the lake the UI serves (`./lake`): two value
+    dates and a clean audit, and the instance holds the runs, the materializations, the check
+    results and both report partitions. The printed `dagster asset materialize` of 2026-11-21 then
+    writes that day's report on the same instance and lake, and again gives the same rows."""
     assert command("docs/reference-pipeline.md", "bash run.sh demo").text.endswith("# = .venv/bin/cues demo")
     out = run_printed(".venv/bin/cues demo", workspace, timeout=DEMO_TIMEOUT).stdout
     assert "2026-11-21" in out and "clean" in out and "exact" in out, out[-3000:]
+    runs, parts, checks = _instance_records(workspace)
+    assert {r.job_name for r in runs} == {"payments__all", "__ASSET_JOB"}
+    assert all(r.status.value == "SUCCESS" for r in runs)
+    assert parts["instructions"] and parts["results"] and checks > 0
+    assert parts["settlement_report"] == {"2026-11-20", "2026-11-21"}
+    once = _report_day(workspace, "2026-11-21")
+    assert once and sum((r["net_position"] for r in once), Decimal(0)) == 0
 
     materialize = command("docs/reference-pipeline.md", MATERIALIZE_DAY)
     run_printed(materialize, workspace, timeout=DEMO_TIMEOUT)
-    once = _report_day(workspace, "2026-11-21")
-    assert once and sum((r["net_position"] for r in once), Decimal(0)) == 0
+    assert _report_day(workspace, "2026-11-21") == once
     run_printed(materialize, workspace, timeout=DEMO_TIMEOUT)
     assert _report_day(workspace, "2026-11-21") == once
+    assert len(_instance_records(workspace)[0]) == len(runs) + 2  # the CLI's runs: same instance
 
 
-def test_cues_demo_engine_dagster(workspace: Path) -> None:
-    """The main job processed by materializing the Dagster assets in process: exact and clean."""
-    out = run_printed(command("docs/reference-pipeline.md", ".venv/bin/cues demo --engine dagster --messages 500"), workspace,
-                      timeout=DEMO_TIMEOUT).stdout
+def test_cues_demo_engine_runner(workspace: Path) -> None:
+    """The main job processed by the graph runner alone: exact and clean, no Dagster run."""
+    out = run_printed(command("docs/reference-pipeline.md", ".venv/bin/cues demo --engine runner --messages 500"),
+                      workspace, timeout=DEMO_TIMEOUT).stdout
     assert "exact" in out and "clean" in out, out[-3000:]
+    assert not list((workspace / "dagster_home").glob("storage*"))
 
 
 def test_cues_demo_queues(workspace: Path) -> None:
