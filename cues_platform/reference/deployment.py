@@ -83,32 +83,28 @@ def run_main_job(*, project: Path, lake: Any, graph: Any, days: Sequence[date], 
     runs: list[str] = []
     os.environ["DAGSTER_HOME"] = str(home)  # the instance's dagster.yaml reads it (storage base_dir)
     with DagsterInstance.from_config(str(home)) as instance:
-        job = defs.resolve_job_def(JOB_NAME)
-        # Step 1
-        for n in range(1, max_runs + 1):
-            before = _offsets(lake, graph)
-            with console.status(f"dagster: run {n} of job {JOB_NAME} (instance {home}) ..."):
+
+        def execute(job: Any, what: str, **kwargs: Any) -> None:
+            with console.status(f"dagster: {what} (instance {home}) ..."):
                 result = job.execute_in_process(instance=instance, raise_on_error=False, run_config=QUIET,
-                                                tags={"cues/trigger": "demo"})
+                                                tags={"cues/trigger": "demo"}, **kwargs)
             runs.append(result.run_id)
             if not result.success:
                 raise MaterializationFailedError(
-                    f"run {result.run_id} of job {JOB_NAME} failed; its error is in the log above and in "
-                    f"the Dagster UI (DAGSTER_HOME={home})", run_id=result.run_id)
+                    f"run {result.run_id} ({what}) failed; its error is in the log above and in the Dagster "
+                    f"UI (DAGSTER_HOME={home})", run_id=result.run_id)
+
+        # Step 1
+        job = defs.resolve_job_def(JOB_NAME)
+        for n in range(1, max_runs + 1):
+            before = _offsets(lake, graph)
+            execute(job, f"run {n} of job {JOB_NAME}")
             if _offsets(lake, graph) == before:  # no message moved (a run's fences commit nothing readable)
                 break
         # Step 2
         report_job = defs.resolve_implicit_global_asset_job_def()
         for day in days:
-            with console.status(f"dagster: {REPORT_ASSET} for {day.isoformat()} ..."):
-                result = report_job.execute_in_process(
-                    instance=instance, asset_selection=[AssetKey(REPORT_ASSET)],
-                    partition_key=day.isoformat(), raise_on_error=False, run_config=QUIET,
-                    tags={"cues/trigger": "demo"})
-            runs.append(result.run_id)
-            if not result.success:
-                raise MaterializationFailedError(
-                    f"run {result.run_id} ({REPORT_ASSET}, {day.isoformat()}) failed; see the Dagster UI "
-                    f"(DAGSTER_HOME={home})", run_id=result.run_id)
+            execute(report_job, f"{REPORT_ASSET} for {day.isoformat()}", asset_selection=[AssetKey(REPORT_ASSET)],
+                    partition_key=day.isoformat())
     console.print(f"dagster: {len(runs)} runs recorded in {home} (see them with `dagster dev`)")
     return runs
