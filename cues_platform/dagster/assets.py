@@ -20,6 +20,8 @@ from dagster import (
     MaterializeResult,
     RetryPolicy,
     TableColumn,
+    TableColumnConstraints,
+    TableConstraints,
     TableSchema,
     multi_asset,
 )
@@ -83,7 +85,26 @@ def external_queues(graph: Graph) -> list[str]:
 
 
 def column_schema(qdef: QueueDef) -> TableSchema:
-    return TableSchema(columns=[TableColumn(f.name, str(f.type)) for f in qdef.schema])
+    """The queue's columns (payload and metadata), with its contract's checks as constraints: per
+    column (``greater_than(0)``, ``isin([...])``) and for the whole row (named checks)."""
+    contract = qdef.contract
+    schema = contract.to_schema() if isinstance(contract, type) else contract
+    checked = dict(getattr(schema, "columns", None) or {})
+
+    def constraints(name: str) -> TableColumnConstraints | None:
+        col = checked.get(name)
+        if col is None:
+            return None
+        return TableColumnConstraints(other=[_check_text(c) for c in col.checks])
+
+    table = [_check_text(c) for c in (getattr(schema, "checks", None) or [])]
+    return TableSchema(columns=[TableColumn(f.name, str(f.type), constraints=constraints(f.name))
+                                for f in qdef.schema],
+                       constraints=TableConstraints(other=table) if table else None)
+
+
+def _check_text(check: Any) -> str:
+    return str(check.error or check.name)
 
 
 def _tag(value: str) -> str:

@@ -50,6 +50,7 @@ from cues_platform.dagster.assets import (
 )
 from cues_platform.dagster.materialize import ARRIVED_RANGES, WRITTEN_RANGES
 from cues_platform.dagster.resources import spark_session_of
+from cues_platform.processing.contracts import contract_kind
 from cues_platform.processing.graph import Graph, Processor
 from cues_platform.queues import Lake
 from cues_platform.queues.schema import DELIVERY_HASH, OFFSET, RESERVED
@@ -62,31 +63,6 @@ PLATFORM_ERRORS = "no_platform_errors"
 
 
 # -- contracts ------------------------------------------------------------------------------------
-def _kind_of(contract: Any) -> str:
-    """'pyspark' or 'pandas' (or 'other': anything with ``validate``, tried on Spark)."""
-    mod = type(contract).__module__ if not isinstance(contract, type) else contract.__module__
-    if isinstance(contract, type):
-        try:
-            from pandera.api.pyspark.model import DataFrameModel as SparkModel
-
-            if issubclass(contract, SparkModel):
-                return "pyspark"
-        except ImportError:  # pragma: no cover
-            pass
-        try:
-            from pandera.api.pandas.model import DataFrameModel as PandasModel
-
-            if issubclass(contract, PandasModel):
-                return "pandas"
-        except ImportError:  # pragma: no cover
-            pass
-    if "pyspark" in mod:
-        return "pyspark"
-    if "pandas" in mod:
-        return "pandas"
-    return "other"
-
-
 def rows_at(lake: Lake, queue_name: str, ranges: Mapping[str, Sequence[int]], spark: Any, *,
             protocol_only: bool) -> Any:
     """The rows of ``ranges`` (``{partition: [start, end)}``), payload columns only: a Spark
@@ -156,7 +132,7 @@ def runs_without_hash(lake: Lake, queue_name: str, ranges: Mapping[str, Sequence
 def validate_contract(contract: Any, df: Any) -> tuple[bool, list[dict[str, Any]]]:
     """Validate rows (Spark DataFrame, Arrow table or pandas) with a pandera contract; returns
     (passed, failures)."""
-    kind = _kind_of(contract)
+    kind = contract_kind(contract)
     if kind == "pandas":
         import pandera.errors as pe
 
@@ -278,7 +254,7 @@ def build_processor_checks(graph: Graph, proc: Processor, *, prefix: Sequence[st
 
 
 def _spark_for(context: AssetCheckExecutionContext, contract: Any) -> Any:
-    return None if _kind_of(contract) == "pandas" else spark_session_of(getattr(context.resources, SPARK_KEY))
+    return None if contract_kind(contract) == "pandas" else spark_session_of(getattr(context.resources, SPARK_KEY))
 
 
 def _contract_result(context: AssetCheckExecutionContext, key: AssetKey, lake: Lake, q: str,

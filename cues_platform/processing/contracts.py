@@ -1,11 +1,15 @@
-"""Data contracts: a pandera schema per queue, checked row by row inside the step.
+"""Data contracts: a pandera schema per queue (``QueueDef.contract``), of one of two kinds.
 
-The contract is a ``pandera.pandas`` ``DataFrameSchema`` (or ``DataFrameModel``). The step already
-materializes each output batch to Arrow once (step 3 of the protocol); the contract validates that
-batch lazily, and rows that break it are split off with the names of the checks they failed, to
-be delivered to the error queue in the same attempt as the good rows. pandera's pyspark backend
-reports failures per check rather than per row, which cannot route single rows; it is used for
-whole-queue asset checks in the Dagster layer instead.
+- ``pandera.pandas`` (``DataFrameSchema`` or ``DataFrameModel``): checked row by row inside the
+  step. The step already materializes each output batch to Arrow once (step 3 of the protocol);
+  the contract validates that batch lazily, and rows that break it are split off with the names
+  of the checks they failed, to be delivered to the error queue in the same attempt as the good
+  rows.
+- ``pandera.pyspark``: evaluated on Spark frames by the Dagster ``contract`` check, on the rows
+  each materialization wrote (``cues_platform.dagster.checks``); the step does not check it.
+  pandera's pyspark backend reports failures per check, not per row, so it cannot route single
+  rows: it fits queues whose rows a step must never produce broken (an assertion on the step's
+  output), not the filtering of bad input.
 """
 
 from __future__ import annotations
@@ -17,6 +21,29 @@ from typing import Any
 import pyarrow as pa
 
 from cues_platform.queues.errors import SchemaError
+
+
+def contract_kind(contract: Any) -> str:
+    """'pandas', 'pyspark', or 'other' (anything with ``validate``, tried on Spark)."""
+    mod = type(contract).__module__ if not isinstance(contract, type) else contract.__module__
+    if isinstance(contract, type):
+        from pandera.api.pandas.model import DataFrameModel as PandasModel
+        from pandera.api.pyspark.model import DataFrameModel as SparkModel
+
+        if issubclass(contract, SparkModel):
+            return "pyspark"
+        if issubclass(contract, PandasModel):
+            return "pandas"
+    if "pyspark" in mod:
+        return "pyspark"
+    if "pandas" in mod:
+        return "pandas"
+    return "other"
+
+
+def checked_in_step(contract: Any) -> bool:
+    """Whether the step routes the rows that break ``contract`` (pandas contracts only)."""
+    return contract is not None and contract_kind(contract) == "pandas"
 
 
 def _schema(contract: Any) -> Any:

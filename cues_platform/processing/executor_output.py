@@ -1,7 +1,7 @@
 """A step's output written by Spark's executors and committed by reference (no row on the driver).
 
 Used for a step whose function returns one Spark DataFrame for one output with a fixed partition
-and no pandera contract (``Options.output_writer``; see :class:`~cues_platform.processing.graph.OutputWriter`).
+and no pandas contract to check row by row (``Options.output_writer``; see :class:`~cues_platform.processing.graph.OutputWriter`).
 For that output, :func:`write_by_executors`:
 
 1. Checks the DataFrame's columns against the queue's payload schema (names and Spark types,
@@ -45,6 +45,7 @@ from typing import Any
 import pyarrow as pa
 from pyarrow import fs
 
+from cues_platform.processing.contracts import checked_in_step
 from cues_platform.processing.graph import Graph, Out, OutputWriter, Processor, Strategy
 from cues_platform.processing.outputs import to_arrow
 from cues_platform.queues import Queue
@@ -93,8 +94,8 @@ def executor_output(
     out = processor.outputs[binding]
     if not is_spark_frame(value) or out.partition_column is not None or out.partition is None:
         return None
-    if graph.queues[out.queue].contract is not None:
-        return None
+    if checked_in_step(graph.queues[out.queue].contract):
+        return None  # rows to split off on the driver (a pyspark contract is the Dagster check's)
     if processor.strategy is Strategy.EXACTLY_ONCE and out.queue != home:
         return None  # an attempt over several queues stages its files; not this path
     if writer is OutputWriter.AUTO and input_rows <= AUTO_EXECUTOR_ROWS:

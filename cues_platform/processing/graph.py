@@ -74,7 +74,7 @@ class QueueDef:
     name: str
     schema: pa.Schema
     partitions: tuple[str, ...] = ("0",)
-    contract: Any = None  # an optional pandera schema (checked by the Dagster layer)
+    contract: Any = None  # pandera: pandas (row by row in the step) or pyspark (the Dagster check)
 
 
 @dataclass(frozen=True)

@@ -94,7 +94,7 @@ from cues_platform.processing.backing import (
 )
 from cues_platform.processing.batching import step_size
 from cues_platform.processing.context import StepContext
-from cues_platform.processing.contracts import split_by_contract
+from cues_platform.processing.contracts import checked_in_step, split_by_contract
 from cues_platform.processing.errors import (
     PlatformStepError,
     ProcessorFencedError,
@@ -282,7 +282,7 @@ class StepBase:
         for binding, table in arrow.items():
             out = self.processor.outputs[binding]
             contract = self.graph.queues[out.queue].contract
-            if contract is not None and table.num_rows:
+            if checked_in_step(contract) and table.num_rows:  # pyspark contracts: the Dagster check
                 table, bad, reasons = split_by_contract(table, contract, queue=out.queue)
                 if bad.num_rows:
                     if not self.error_queue_name:

@@ -78,6 +78,35 @@ def instructions_contract() -> Any:
     )
 
 
+def business_contracts() -> dict[str, Any]:
+    """``pandera.pyspark`` contracts of the queues the processors fill with business data: what a
+    step must never deliver (the Dagster ``contract`` check evaluates them on the Spark frame of
+    the rows each materialization wrote; bad *input* is filtered earlier, by ``instructions``'
+    row-level contract and by ``parse``/``validate``). A few checks each: every check is a Spark
+    job of the check."""
+    import warnings
+
+    from pyspark.sql import types as T
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pandera.pyspark as ps
+
+    money = T.DecimalType(18, 2)
+    currency = ps.Check.str_matches(r"^[A-Z]{3}$")
+    return {
+        "parsed": ps.DataFrameSchema({"replays": ps.Column(T.IntegerType(), ps.Check.ge(0))}, name="parsed"),
+        "fx_rates": ps.DataFrameSchema({"rate": ps.Column(T.DoubleType(), ps.Check.gt(0)),
+                                        "currency": ps.Column(T.StringType(), currency)}, name="fx_rates"),
+        "priced": ps.DataFrameSchema({"rate": ps.Column(T.DoubleType(), ps.Check.gt(0), nullable=True)},
+                                     name="priced"),
+        "results": ps.DataFrameSchema({"status": ps.Column(T.StringType(), ps.Check.isin([m.OK, m.REJECTED])),
+                                       "amount": ps.Column(money, ps.Check.gt(0)),
+                                       "currency": ps.Column(T.StringType(), currency)}, name="results"),
+        "ledger_entries": ps.DataFrameSchema({"amount": ps.Column(money, ps.Check.gt(0))}, name="ledger_entries"),
+    }
+
+
 # -- intake (alts) ----------------------------------------------------------------------------------
 def intake(ctx: Any, **postings: Any) -> pa.Table:
     """Merge every subject of POSTINGS into the clearing lane (one subject per step, round robin);
@@ -318,17 +347,18 @@ def payments_graph(*, batch_size: int = DEFAULT_BATCH, fx_seed: int = 11,
                    participants: tuple[str, ...] = m.PARTICIPANTS) -> Graph:
     """The reference payments graph (queues, processors, options)."""
     opts = Options(batch_size=batch_size)
+    spark_contracts = business_contracts()
     bindings = {p.replace("-", "_"): In("postings", p) for p in participants}
     return Graph.build(
         name=GRAPH_NAME,
         queues=[
             QueueDef("postings", m.POSTINGS, participants),
             QueueDef("instructions", m.INSTRUCTIONS, contract=instructions_contract()),
-            QueueDef("parsed", m.PARSED),
-            QueueDef("fx_rates", m.FX_RATES),
-            QueueDef("priced", m.PRICED),
-            QueueDef("results", m.RESULTS, participants),
-            QueueDef("ledger_entries", m.LEDGER_ENTRIES),
+            QueueDef("parsed", m.PARSED, contract=spark_contracts["parsed"]),
+            QueueDef("fx_rates", m.FX_RATES, contract=spark_contracts["fx_rates"]),
+            QueueDef("priced", m.PRICED, contract=spark_contracts["priced"]),
+            QueueDef("results", m.RESULTS, participants, contract=spark_contracts["results"]),
+            QueueDef("ledger_entries", m.LEDGER_ENTRIES, contract=spark_contracts["ledger_entries"]),
             QueueDef("malformed", m.MALFORMED),
             QueueDef("accounts", m.ACCOUNTS),
             QueueDef("errors", ERROR_SCHEMA),

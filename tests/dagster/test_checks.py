@@ -199,3 +199,32 @@ def test_a_materialization_without_recorded_ranges_is_not_passed_unchecked(defs,
     assert not passed and "materialize the asset again" in meta["what_to_do"]
     passed, meta = checks["outside_protocol"]
     assert not passed and meta["offsets"] == {"0": [[30, 31]]} and meta["rows_breaking_the_contract"] == 0
+
+
+def test_a_pyspark_contract_is_judged_on_spark_by_the_check_not_split_by_the_step(
+        lake_resource, lake, instance) -> None:
+    """``pandera.pyspark`` names failing checks, not rows: the step delivers every row and the
+    blocking ``contract`` check evaluates the contract on the Spark frame of the rows the
+    materialization wrote; downstream is skipped. The asset's column schema shows the check."""
+    from dataclasses import replace
+
+    import pandera.pyspark as ps
+    from pyspark.sql.types import LongType
+
+    from cues_platform.dagster import CuesSparkResource, build_definitions
+    from tests.dagster.graphs import build_graph
+
+    base = build_graph(with_contract=False)
+    strict = ps.DataFrameSchema({"id": ps.Column(LongType(), ps.Check.le(40))}, name="enriched")
+    queues = [replace(q, contract=strict) if q.name == "enriched" else q for q in base.queues.values()]
+    graph = type(base).build(name=base.name, queues=queues, processors=list(base.processors.values()),
+                             error_queue=base.error_queue)
+    defs = build_definitions(graph, lake=lake_resource, spark=CuesSparkResource())
+    load_orders(lake)  # enrich writes ids 0, 2, ..., 58: 20..29 break id <= 40
+    run = materialize(assets_of(defs), resources=resources_of(defs), instance=instance, raise_on_error=False)
+    passed, meta = _evaluations(run)["contract"]
+    assert not passed and meta["rows_checked"] == 30 and meta["failed_checks"] == ["id: less_than_or_equal_to(40)"]
+    assert lake.queue("enriched").count() == 30 and lake.queue("errors").count() == 0  # no row split off
+    assert AssetKey("big") not in {e.asset_key for e in run.get_asset_materialization_events()}  # blocked
+    schema = defs.resolve_asset_graph().get(AssetKey("enriched")).metadata["dagster/column_schema"]
+    assert {c.name: c.constraints.other for c in schema.columns}["id"] == ["less_than_or_equal_to(40)"]

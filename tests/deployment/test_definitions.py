@@ -45,7 +45,13 @@ def test_checks_sensors_job_schedule() -> None:
     checks = {(c.asset_key.to_user_string(), c.name) for c in repo.asset_graph.asset_check_keys}
     for key in PROCESSOR_ASSETS - {"fx_rates"}:
         assert (key, "exactly_once") in checks, key
-    assert ("instructions", "contract") in checks
+    # contracts on every queue of business data: pandas row by row on instructions (in intake's
+    # steps), pandera.pyspark on the others (the check, on Spark), shown in the column schema
+    for key in ("instructions", "parsed", "fx_rates", "priced", "results", "ledger_entries"):
+        assert (key, "contract") in checks, key
+    schema = repo.asset_graph.get(AssetKey("results")).metadata["dagster/column_schema"]
+    constraints = {c.name: c.constraints.other for c in schema.columns}
+    assert constraints["status"] == ["isin(['OK', 'REJECTED'])"] and constraints["amount"] == ["greater_than(0)"]
     sensors = {s.name for s in repo.sensor_defs}
     assert {"payments__intake__new_data", "payments__parse__new_data", "payments__convert__new_data",
             "payments__validate__new_data", "payments__ledger__sink", "payments__recovery"} <= sensors
