@@ -119,8 +119,12 @@ def generate(lake: Lake, spec: TrafficSpec | None = None, *,
     started = time.monotonic()
     rng = random.Random(spec.seed)
     postings = lake.queue("postings")
-    accounts = directory(spec)
-    lake.queue("accounts").producer(producer_id="directory").send(accounts, partition="0", sequence=0)
+    directory_queue = lake.queue("accounts")
+    if directory_queue.count():  # reference data, published once: later traffic books against it
+        accounts = directory_queue.read_arrow(partition="0").select(m.ACCOUNTS.names).cast(m.ACCOUNTS)
+    else:
+        accounts = directory(spec)
+        directory_queue.producer(producer_id="directory").send(accounts, partition="0", sequence=0)
     by_participant: dict[str, list[str]] = {}
     balances: dict[str, float] = {}
     for a in accounts.to_pylist():
