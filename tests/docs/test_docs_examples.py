@@ -209,6 +209,7 @@ def test_dagster_dev_serves_the_deployment(workspace: Path) -> None:
         assert "payments__schedule" in {s["name"] for s in repo["schedules"]}
         assert "payments__recovery" in {s["name"] for s in repo["sensors"]}
     finally:
+        served = log.read_text(errors="replace")  # what it printed while serving, before the stop
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
             try:
@@ -216,7 +217,10 @@ def test_dagster_dev_serves_the_deployment(workspace: Path) -> None:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=30)
-    assert "Traceback" not in log.read_text(errors="replace"), server.tail()
+    # Serving printed no traceback. After SIGTERM, a sensor tick the daemon (sensors are on by
+    # default) had started can print Dagster's own "Could not reach user code server" traceback as
+    # the code server stops first: Dagster's shutdown order, not ours (docs/dagster.md).
+    assert "Traceback" not in served, served[-4000:]
 
 
 # -- docs/reference-pipeline.md: the main job and a day of the report again --------------------------
