@@ -36,6 +36,7 @@ from cues_platform.dagster.materialize import (
     ProcessorRunConfig,
     drive,
     fault_hook,
+    latest_metadata,
     pending_delivery,
     run_metadata,
     written_ranges,
@@ -249,10 +250,8 @@ def build_processor_asset(graph: Graph, proc: Processor, *, prefix: Sequence[str
 
 def previous_end_offsets(context: AssetExecutionContext, key: AssetKey) -> dict[str, int]:
     """``cues/end_offsets`` of the asset's latest materialization before this one ({}: none)."""
-    event = context.instance.get_latest_materialization_event(key)
-    mat = event.asset_materialization if event is not None else None
-    value = mat.metadata.get(END_OFFSETS) if mat is not None else None
-    return {str(p): int(o) for p, o in dict(value.value).items()} if value is not None else {}
+    value = (latest_metadata(context.instance, key) or {}).get(END_OFFSETS)
+    return {str(p): int(o) for p, o in dict(value).items()} if value is not None else {}
 
 
 def is_audited(proc: Processor) -> bool:

@@ -48,7 +48,7 @@ from cues_platform.dagster.assets import (
     processor_keys,
     queue_key,
 )
-from cues_platform.dagster.materialize import ARRIVED_RANGES, WRITTEN_RANGES
+from cues_platform.dagster.materialize import ARRIVED_RANGES, WRITTEN_RANGES, latest_metadata
 from cues_platform.dagster.resources import spark_session_of
 from cues_platform.processing.contracts import contract_kind
 from cues_platform.processing.graph import Graph, Processor
@@ -101,14 +101,12 @@ class RangesNotRecorded(LookupError):
 def latest_ranges(context: AssetCheckExecutionContext, key: AssetKey, name: str) -> dict[str, list[int]] | None:
     """Ranges metadata ``name`` of the asset's latest materialization (None: never materialized);
     raises :class:`RangesNotRecorded` when that materialization did not record them."""
-    event = context.instance.get_latest_materialization_event(key)
-    mat = event.asset_materialization if event is not None else None
-    if mat is None:
+    metadata = latest_metadata(context.instance, key)
+    if metadata is None:
         return None
-    value = mat.metadata.get(name)
-    if value is None:
+    if metadata.get(name) is None:
         raise RangesNotRecorded(name)
-    return {str(p): [int(lo), int(hi)] for p, (lo, hi) in dict(value.value).items()}
+    return {str(p): [int(lo), int(hi)] for p, (lo, hi) in dict(metadata[name]).items()}
 
 
 def runs_without_hash(lake: Lake, queue_name: str, ranges: Mapping[str, Sequence[int]]) -> dict[str, list[list[int]]]:

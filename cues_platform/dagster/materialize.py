@@ -111,6 +111,13 @@ ARRIVED_RANGES = "cues/arrived_ranges"
 END_OFFSETS = "cues/end_offsets"
 
 
+def latest_metadata(instance: Any, key: Any) -> Mapping[str, Any] | None:
+    """The metadata values of the asset's latest materialization (None: never materialized)."""
+    event = instance.get_latest_materialization_event(key)
+    mat = event.asset_materialization if event is not None else None
+    return None if mat is None else {k: v.value for k, v in mat.metadata.items()}
+
+
 def written_ranges(before: Mapping[str, int], after: Mapping[str, int]) -> dict[str, list[int]]:
     """The offsets added to each partition between two ``end_offsets`` readings (half-open)."""
     return {p: [before.get(p, 0), end] for p, end in sorted(after.items()) if end > before.get(p, 0)}
