@@ -18,6 +18,7 @@ from cues_platform.dagster.assets import (
 )
 from cues_platform.dagster.checks import CONTRACT, EXACTLY_ONCE, build_checks, validate_contract
 from cues_platform.dagster.definitions import all_job_name, build_definitions, schedule_name
+from cues_platform.dagster.function_assets import processor_asset
 from cues_platform.dagster.io_manager import PARTITION_COLUMN, CuesIOManager
 from cues_platform.dagster.resources import BackingQueueResource, CuesSparkResource, LakeResource
 from cues_platform.dagster.sensors import (
@@ -27,6 +28,7 @@ from cues_platform.dagster.sensors import (
     build_recovery_sensor,
     new_data_run_key,
 )
+from cues_platform.dagster.step_io import STEP_IO_KEY, CuesStepIOManager
 
 __all__ = [
     "BACKING_KEY", "CONTRACT", "EXACTLY_ONCE", "IO_MANAGER_KEY", "LAKE_KEY", "PARTITION_COLUMN",
@@ -34,5 +36,5 @@ __all__ = [
     "CuesSparkResource", "InjectedFailure", "LakeResource", "ProcessorRunConfig", "all_job_name",
     "build_checks", "build_definitions", "build_new_data_sensor", "build_processor_asset",
     "build_recovery_sensor", "external_queues", "new_data_run_key", "processor_keys", "queue_key",
-    "schedule_name", "validate_contract",
+    "schedule_name", "validate_contract", "STEP_IO_KEY", "CuesStepIOManager", "processor_asset",
 ]

@@ -29,20 +29,16 @@ from dagster import (
 from cues_platform.dagster.error_queues import observe_error_queue
 from cues_platform.dagster.io_manager import QUEUE_METADATA
 from cues_platform.dagster.materialize import (
-    ARRIVED_RANGES,
-    END_OFFSETS,
-    WRITTEN_RANGES,
     InjectedFailure,
     ProcessorRunConfig,
     drive,
     fault_hook,
-    latest_metadata,
     pending_delivery,
+    queue_metadata,
     run_metadata,
-    written_ranges,
 )
 from cues_platform.dagster.resources import describe_record, spark_session_of
-from cues_platform.processing.graph import Graph, Kind, Processor, QueueDef, Strategy
+from cues_platform.processing.graph import AssetBody, Graph, Kind, Processor, QueueDef, Strategy
 from cues_platform.processing.home import home_of
 from cues_platform.processing.runner import GraphRunner
 
@@ -179,8 +175,17 @@ def processor_specs(graph: Graph, proc: Processor, *, prefix: Sequence[str],
 def build_processor_asset(graph: Graph, proc: Processor, *, prefix: Sequence[str] = (),
                           group_name: str | None = None, retry_policy: RetryPolicy | None = None,
                           runner_resource_keys: Sequence[str] = ()) -> Any:
-    """The ``multi_asset`` of one processor (op name = processor id)."""
+    """The ``multi_asset`` of one processor (op name = processor id): the runner face, or the
+    function face of a ``@processor_asset`` (``function_assets.py``)."""
     specs = processor_specs(graph, proc, prefix=prefix, group_name=group_name)
+    if proc.asset_body is AssetBody.FUNCTION:
+        from cues_platform.dagster.function_assets import build_function_asset
+
+        return build_function_asset(
+            graph, proc, specs=specs, prefix=prefix, retry_policy=retry_policy,
+            pool=processor_pool(graph, proc), resource_keys=(LAKE_KEY, SPARK_KEY, BACKING_KEY),
+            user_keys=runner_resource_keys,
+            op_tags={"cues/processor": _tag(proc.id), "cues/kind": proc.kind.value})
     queues = output_queues(proc)
     pid = proc.id
     user_keys = tuple(runner_resource_keys)
@@ -227,31 +232,11 @@ def build_processor_asset(graph: Graph, proc: Processor, *, prefix: Sequence[str
             yield MaterializeResult(asset_key=specs[0].key, metadata=meta)
             return
         for spec, q in zip(specs, queues, strict=True):
-            queue = lake.queue(q)
-            rows = sum(r.rows_out.get(q, 0) for r in results)
-            count = queue.count()
-            after = queue.end_offsets()
             yield MaterializeResult(asset_key=spec.key, metadata={
-                **meta,
-                "cues/queue": q,
-                "cues/rows_out_to_queue": rows,
-                "cues/queue_rows": count,
-                "dagster/row_count": count,
-                "cues/delta_version": queue.version(),
-                END_OFFSETS: after,
-                # what the contract check judges: the offsets this materialization added
-                WRITTEN_RANGES: written_ranges(before[q], after),
-                # what the outside_protocol check looks at: everything since the last time
-                ARRIVED_RANGES: written_ranges(previous_end_offsets(context, spec.key), after),
-            })
+                **meta, **queue_metadata(context.instance, spec.key, lake.queue(q),
+                                         before=before[q], results=results)})
 
     return _materialize
-
-
-def previous_end_offsets(context: AssetExecutionContext, key: AssetKey) -> dict[str, int]:
-    """``cues/end_offsets`` of the asset's latest materialization before this one ({}: none)."""
-    value = (latest_metadata(context.instance, key) or {}).get(END_OFFSETS)
-    return {str(p): int(o) for p, o in dict(value).items()} if value is not None else {}
 
 
 def is_audited(proc: Processor) -> bool:

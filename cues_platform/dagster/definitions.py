@@ -28,11 +28,12 @@ from cues_platform.dagster.assets import (
 from cues_platform.dagster.checks import build_checks
 from cues_platform.dagster.error_queues import error_queue_spec, error_queue_writers
 from cues_platform.dagster.io_manager import CuesIOManager
-from cues_platform.dagster.resources import CuesSparkResource, LakeResource
+from cues_platform.dagster.resources import BackingQueueResource, CuesSparkResource, LakeResource
 from cues_platform.dagster.sensors import build_sensors
-from cues_platform.processing.graph import Graph
+from cues_platform.dagster.step_io import STEP_IO_KEY, CuesStepIOManager
+from cues_platform.processing.graph import AssetBody, Graph
 
-RESERVED_KEYS = (LAKE_KEY, SPARK_KEY, BACKING_KEY, IO_MANAGER_KEY)
+RESERVED_KEYS = (LAKE_KEY, SPARK_KEY, BACKING_KEY, IO_MANAGER_KEY, STEP_IO_KEY)
 
 
 def all_job_name(graph: Graph) -> str:
@@ -86,8 +87,12 @@ def build_definitions(
     spark_res = extra.get(SPARK_KEY, spark_res)
     res: dict[str, Any] = {LAKE_KEY: lake_res, SPARK_KEY: spark_res}
     if isinstance(lake_res, LakeResource):
-        # (no ``backing`` resource by default: no asset requires it; pass one in ``resources``)
         res[IO_MANAGER_KEY] = CuesIOManager(lake=lake_res, spark=spark_res)
+        if any(p.asset_body is AssetBody.FUNCTION for p in graph.processors.values()):
+            # only function assets use them (a runner-face graph lists no ``backing`` resource)
+            backing = BackingQueueResource(lake=lake_res)
+            res[BACKING_KEY] = backing
+            res[STEP_IO_KEY] = CuesStepIOManager(lake=lake_res, spark=spark_res, backing=backing)
     res.update(extra)
     user_keys = sorted(k for k in extra if k not in RESERVED_KEYS)
     prefix = tuple(key_prefix)

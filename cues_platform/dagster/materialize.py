@@ -1,10 +1,12 @@
 """One processor materialization: its run config (bounds, fault injection), the driving loop
 (recovery, then steps until drained or a bound is hit) and its materialization metadata."""
 
+import os
+import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from dagster import Config
 from pydantic import Field
@@ -24,31 +26,41 @@ class InjectedFailure(CuesError, RuntimeError):
     retryable = True
 
 
-class ProcessorRunConfig(Config):
-    """Run config of one processor materialization (launchpad: ``ops.<processor>.config``).
+class FaultConfig(Config):
+    """Fault injection, for tests and recovery drills (launchpad: ``ops.<processor>.config``).
 
-    Bounds: the run stops stepping when any bound is reached (the next run goes on from there);
-    none set means "until the inputs are drained".
-
-    Fault injection, for tests and recovery drills: raise an exception at protocol point
-    ``inject_failure_at`` (``before_snapshot``, ``after_snapshot``, ``after_prepare``,
-    ``after_attempt``, ``between_commits``, ``after_commit``, ``recovery_fenced``) of step
+    Fail the run at protocol point ``inject_failure_at`` (``recovery_fenced``,
+    ``before_snapshot``, ``after_snapshot``, ``after_read``, ``after_function``,
+    ``after_prepare``, ``after_attempt``, ``between_commits``, ``after_commit``) of step
     ``inject_failure_step`` (any step when unset). With ``inject_failure_once_file`` it fires only
-    while that file does not exist and creates it, so a retry of the run succeeds. Points inside
-    the user function (``after_read``, ``after_function``) are handled like a user error (error
-    queue), not as a crash.
+    while that file does not exist and creates it, so a retry of the run succeeds.
+    ``inject_failure_mode``: ``raise`` an :class:`InjectedFailure` (Dagster fails the step), or
+    ``sigkill`` the run process itself (a real crash: no ``finally`` runs, Dagster never hears
+    back). Points inside the runner face's function call (``after_read``, ``after_function``) are
+    handled like a user error (error queue) in ``raise`` mode, not as a crash.
+    """
+
+    inject_failure_at: str | None = None
+    inject_failure_step: int | None = None
+    inject_failure_once_file: str | None = None
+    inject_failure_mode: Literal["raise", "sigkill"] = "raise"
+
+
+class ProcessorRunConfig(FaultConfig):
+    """Run config of one runner-face processor materialization (launchpad:
+    ``ops.<processor>.config``): bounds, and the fault injection of :class:`FaultConfig`.
+
+    The run stops stepping when any bound is reached (the next run goes on from there); none set
+    means "until the inputs are drained".
     """
 
     max_steps: int | None = Field(default=None, description="stop after this many steps")
     max_rows: int | None = Field(default=None, description="stop once this many input rows are read")
     max_seconds: float | None = Field(default=None, description="stop stepping after this long")
-    inject_failure_at: str | None = None
-    inject_failure_step: int | None = None
-    inject_failure_once_file: str | None = None
 
 
 # -- running ------------------------------------------------------------------------------------
-def fault_hook(config: ProcessorRunConfig, processor_id: str,
+def fault_hook(config: FaultConfig, processor_id: str,
                stepper_of: Callable[[], Any]) -> Callable[[str], None] | None:
     if not config.inject_failure_at:
         return None
@@ -67,6 +79,8 @@ def fault_hook(config: ProcessorRunConfig, processor_id: str,
                 return
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.write_text(f"{processor_id} {point} step {step}\n")
+        if config.inject_failure_mode == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
         raise InjectedFailure(f"injected failure at {point} of step {step} (processor {processor_id!r})",
                               processor=processor_id, point=point, step=step)
 
@@ -142,8 +156,15 @@ def run_metadata(graph: Graph, proc: Processor, runner: GraphRunner, stopped: st
     Recovery re-reports the last attempt even when it was delivered already; such a no-op is not
     counted as a step here (``rolled_forward`` says whether recovery committed anything)."""
     stats: ProcessorStats = runner.stats[proc.id]
-    stepper = runner.steppers[proc.id]
     results = [r for r in stats.results if rolled_forward or not r.recovered]
+    return step_metadata(graph, proc, lake=runner.lake, stepper=runner.steppers[proc.id],
+                         results=results, stopped=stopped, found=found, elapsed=elapsed)
+
+
+def step_metadata(graph: Graph, proc: Processor, *, lake: Any, stepper: Any,
+                  results: Sequence[StepResult], stopped: str, found: dict[str, Any],
+                  elapsed: float) -> dict[str, Any]:
+    """The metadata of the steps one materialization delivered (both asset faces)."""
     err = graph.error_queue_of(proc)
     # every row a step sent to the error queue: a failed step's error row, and the contract breaks
     # of a step that delivered its other rows (outcome "output")
@@ -151,7 +172,7 @@ def run_metadata(graph: Graph, proc: Processor, runner: GraphRunner, stopped: st
     outcomes = {k: sum(r.outcome == k for r in results) for k in ("output", "error", "nil")}
     lag: dict[str, int] = {}
     for binding, src in proc.inputs.items():
-        queue = runner.lake.queue(src.queue)
+        queue = lake.queue(src.queue)
         pos = getattr(stepper, "positions", {}).get(binding, 0)
         lag[f"{src.queue}/{src.partition}"] = max(0, queue.next_offset(src.partition) - pos)
     rows_out = sum(sum(r.rows_out.values()) for r in results)
@@ -179,3 +200,24 @@ def run_metadata(graph: Graph, proc: Processor, runner: GraphRunner, stopped: st
     if pending is not None:
         meta["cues/pending_step"] = pending.step
     return meta
+
+
+def queue_metadata(instance: Any, key: Any, queue: Any, *, before: Mapping[str, int],
+                   results: Sequence[StepResult]) -> dict[str, Any]:
+    """The metadata of one output queue's asset: what this materialization added to it."""
+    count = queue.count()
+    after = queue.end_offsets()
+    previous = (latest_metadata(instance, key) or {}).get(END_OFFSETS)
+    return {
+        "cues/queue": queue.name,
+        "cues/rows_out_to_queue": sum(r.rows_out.get(queue.name, 0) for r in results),
+        "cues/queue_rows": count,
+        "dagster/row_count": count,
+        "cues/delta_version": queue.version(),
+        END_OFFSETS: after,
+        # what the contract check judges: the offsets this materialization added
+        WRITTEN_RANGES: written_ranges(before, after),
+        # what the outside_protocol check looks at: everything since the previous materialization
+        ARRIVED_RANGES: written_ranges(
+            {str(p): int(o) for p, o in dict(previous).items()} if previous is not None else {}, after),
+    }

@@ -97,6 +97,15 @@ class BackingQueueResource(ConfigurableResource):
             self._cache[processor_id] = BackingQueue(self.lake.lake(), processor_id)
         return self._cache[processor_id]
 
+    def open_step(self, *, graph: Any, processor: Any, spark: Any, hook: Any = None) -> Any:
+        """A :class:`~cues_platform.processing.phased.PhasedStep` of ``processor`` (not started):
+        its stepper keeps the processor's snapshots and attempts in its backing queue (exactly
+        once) or its positions (the other strategies). Used by the step IO manager."""
+        from cues_platform.processing.phased import PhasedStep
+
+        return PhasedStep.create(graph=graph, processor=processor, lake=self.lake.lake(), spark=spark,
+                                 hook=hook)
+
     def describe_last(self, processor_id: str) -> dict[str, Any]:
         """The last backing record in words: what recovery will find (empty dict: no record)."""
         return describe_record(self.backing(processor_id).last_record())

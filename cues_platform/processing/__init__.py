@@ -11,6 +11,7 @@ from cues_platform.processing.errors import (
     UnhandledStepError,
 )
 from cues_platform.processing.graph import (
+    AssetBody,
     Graph,
     In,
     Kind,
@@ -27,7 +28,7 @@ from cues_platform.processing.runner import GraphRunner, ProcessorStats
 from cues_platform.processing.step import ExactlyOnceStepper, StepResult
 
 __all__ = [
-    "ERROR_SCHEMA", "BackingQueue", "ExactlyOnceStepper", "Graph", "GraphError", "GraphRunner", "In",
+    "ERROR_SCHEMA", "AssetBody", "BackingQueue", "ExactlyOnceStepper", "Graph", "GraphError", "GraphRunner", "In",
     "Kind", "Options", "Out", "ProcessingError", "Processor", "ProcessorFencedError", "ProcessorStats",
     "QueueDef", "Range", "Record", "RecordType", "RecoveryError", "SimulatedCrash", "Snapshot",
     "OutputWriter",

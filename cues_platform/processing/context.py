@@ -24,6 +24,9 @@ class StepContext:
     spark: Any = None
     resources: Mapping[str, Any] = field(default_factory=dict)
     inputs: Mapping[str, Any] = field(default_factory=dict)  # binding -> Range, for information
+    # the host's own context: Dagster's AssetExecutionContext in a ``@processor_asset`` body
+    # (``ctx.host.log.info(...)``), None under ``cues run``
+    host: Any = None
 
     # Imperative and source processors get raw access:
     def queue(self, name: str) -> Queue:

@@ -69,6 +69,19 @@ class OutputWriter(StrEnum):
     DRIVER = "driver"
 
 
+class AssetBody(StrEnum):
+    """What a processor's Dagster asset runs (``cues_platform.dagster``); ``cues run`` ignores it.
+
+    ``runner``: the platform's runner (recovery, then steps until the inputs are drained or a
+    bound of the run config is hit), the function called once per step inside it.
+    ``function``: the asset body IS the processor function, called once per materialization
+    (``@processor_asset``): the step IO manager loads the inputs as the step's queue ranges and
+    delivers the returned frame with the step's delivery hash. One materialization, one step."""
+
+    RUNNER = "runner"
+    FUNCTION = "function"
+
+
 @dataclass(frozen=True)
 class QueueDef:
     name: str
@@ -113,6 +126,7 @@ class Processor:
     error_queue: str | None = None
     options: Options = field(default_factory=Options)
     description: str = ""
+    asset_body: AssetBody = AssetBody.RUNNER
 
     @property
     def strategy(self) -> Strategy:

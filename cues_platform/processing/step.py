@@ -218,29 +218,63 @@ class StepBase:
         return StepContext(self.processor.id, snapshot.step, snapshot.delivery_hash, self.processor.options,
                            self.lake, self.spark, self.resources, dict(snapshot.inputs))
 
-    def run_function(self, snapshot: Snapshot) -> Any:
+    def read_frames(self, snapshot: Snapshot) -> dict[str, Any]:
+        """Step 2, first half: the snapshot's ranges as Spark DataFrames (lazy)."""
         with failing_as(Phase.READ):
             frames = {}
             for binding, r in snapshot.inputs.items():
                 plan = plan_read(self.queues[r.queue], partition=r.partition, start=r.start, end=r.end)
                 frames[binding] = execute_spark(self.queues[r.queue], self.spark, plan)
         self.hook("after_read")
+        return frames
+
+    def call(self, snapshot: Snapshot, frames: Mapping[str, Any], context: Any = None) -> Any:
+        """Step 2, second half: the processor function on the frames (``context``: what the
+        function gets as its first argument; default the step's :class:`StepContext`)."""
         with failing_as(Phase.FUNCTION):
-            return self.processor.fn(self.context(snapshot), **frames)
+            return self.processor.fn(self.context(snapshot) if context is None else context, **frames)
+
+    def run_function(self, snapshot: Snapshot) -> Any:
+        return self.call(snapshot, self.read_frames(snapshot))
 
     def run_and_prepare(self, snapshot: Snapshot) -> tuple[dict, dict, Exception | None]:
         """Steps 2 and 3: ``(staged, counts, None)``, or a handled failure staged as its error
         rows ``(staged, counts, exc)``. A platform failure raises :class:`PlatformStepError`."""
         try:
             result = self.run_function(snapshot)
-            self.hook("after_function")
-            staged, counts = self.prepare(snapshot, result)
-            return staged, counts, None
         except StepFailure as failure:
-            if failure.origin is Origin.PLATFORM:
-                raise self.platform_error(snapshot, failure) from failure.cause
-            staged, counts = self.handled(snapshot, failure.cause)
-            return staged, counts, failure.cause
+            return self.prepared(snapshot, failure=failure)
+        self.hook("after_function")
+        return self.prepared(snapshot, result=result)
+
+    def prepared(self, snapshot: Snapshot, *, result: Any = None,
+                 failure: StepFailure | None = None) -> tuple[dict, dict, Exception | None]:
+        """Step 3 on the function's ``result``, or on the ``failure`` that escaped step 2."""
+        if failure is None:
+            try:
+                staged, counts = self.prepare(snapshot, result)
+                return staged, counts, None
+            except StepFailure as escaped:
+                failure = escaped
+        if failure.origin is Origin.PLATFORM:
+            raise self.platform_error(snapshot, failure) from failure.cause
+        staged, counts = self.handled(snapshot, failure.cause)
+        return staged, counts, failure.cause
+
+    def begin(self) -> Snapshot | None:  # pragma: no cover - every stepper defines it
+        raise NotImplementedError
+
+    def complete(self, snapshot: Snapshot,
+                 prepared: tuple[dict, dict, Exception | None]) -> StepResult:  # pragma: no cover
+        raise NotImplementedError
+
+    def step(self) -> StepResult | None:
+        """One whole step: :meth:`begin` (step 1), read and call (2), prepare (3),
+        :meth:`complete` (the commits). ``None``: no input to step on."""
+        snapshot = self.begin()
+        if snapshot is None:
+            return None
+        return self.complete(snapshot, self.run_and_prepare(snapshot))
 
     def platform_error(self, snapshot: Snapshot, failure: StepFailure) -> PlatformStepError:
         cause = failure.cause
@@ -417,7 +451,7 @@ class ExactlyOnceStepper(StepBase):
                 f"queue {qname!r} is gone ({exc}); it cannot be rolled forward",
                 processor=self.processor.id, step=snapshot.step, queue=qname) from exc
 
-    def step(self) -> StepResult | None:
+    def begin(self) -> Snapshot | None:
         self.hook("before_snapshot")
         # Step 1
         snapshot = self.pending
@@ -431,8 +465,10 @@ class ExactlyOnceStepper(StepBase):
                 self.backing.append(Record(RecordType.SNAPSHOT, snapshot, self.epoch))
             self.pending = snapshot
         self.hook("after_snapshot")
-        # Step 2 and Step 3
-        tables, counts, exc = self.run_and_prepare(snapshot)
+        return snapshot
+
+    def complete(self, snapshot: Snapshot, prepared: tuple[dict, dict, Exception | None]) -> StepResult:
+        tables, counts, exc = prepared
         error = None if exc is None else f"{type(exc).__name__}: {exc}"
         kind = (RecordType.ATTEMPT_ERROR if exc is not None else
                 RecordType.ATTEMPT_OUTPUT if tables else RecordType.ATTEMPT_NIL)

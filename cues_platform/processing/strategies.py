@@ -90,7 +90,7 @@ class PositionStepper(StepBase):
             + [(PLAN_END_KEY, pid, binding, r.end) for binding, r in snapshot.inputs.items()]
         )
 
-    def step(self) -> StepResult | None:
+    def begin(self) -> Snapshot | None:
         self.hook("before_snapshot")
         # Step 1
         snapshot, self.saved_plan = self.saved_plan, None
@@ -105,8 +105,11 @@ class PositionStepper(StepBase):
             # Step 2 (at_most_once)
             self._commit_positions(snapshot)
         self.hook("after_snapshot")
-        # Step 3
-        outputs, counts, exc = self.run_and_prepare(snapshot)
+        return snapshot
+
+    def complete(self, snapshot: Snapshot, prepared: tuple[dict, dict, Exception | None]) -> StepResult:
+        # (Step 3 was ``prepared``: read, run, materialize and conform, in memory)
+        outputs, counts, exc = prepared
         error = None if exc is None else f"{type(exc).__name__}: {exc}"
         self.hook("after_prepare")
         # Step 4
