@@ -2,6 +2,7 @@
 
 from cues_platform.processing.backing import BackingQueue, Range, Record, RecordType, Snapshot
 from cues_platform.processing.context import StepContext
+from cues_platform.processing.decorators import processor_asset
 from cues_platform.processing.errors import (
     GraphError,
     ProcessingError,
@@ -33,5 +34,5 @@ __all__ = [
     "QueueDef", "Range", "Record", "RecordType", "RecoveryError", "SimulatedCrash", "Snapshot",
     "OutputWriter",
     "SnapshotAt",
-    "StepContext", "StepResult", "Strategy", "UnhandledStepError",
+    "StepContext", "StepResult", "Strategy", "UnhandledStepError", "processor_asset",
 ]

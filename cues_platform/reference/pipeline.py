@@ -13,6 +13,9 @@ Contracts (each processor is exactly-once; see docs/reference-pipeline.md):
 - ``intake`` (alts) merges the subjects of ``postings`` into one clearing lane, one subject per
   step (whichever has data, round robin), adding where each instruction came from.
 - ``parse`` (map) parses the JSON payload and names the first failed check in ``malformed``.
+  It is declared on its function with ``@processor_asset``: in Dagster its asset body is the
+  function itself (one step per materialization); the other processors' assets run the
+  platform's runner (steps until drained). ``cues run`` runs them all the same way.
 - ``fx`` (source) publishes one fixing (a row per currency) when ``convert`` has instructions
   waiting (or on their way) and has used every fixing published so far (quotes on demand), so the join always
   gets a batch from both inputs and never stalls; fixing ``k`` depends only on ``k``.
@@ -35,6 +38,7 @@ queue: an exception stops them and the next start retries the same batch.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -52,6 +56,7 @@ from cues_platform.processing import (
     Out,
     Processor,
     QueueDef,
+    processor_asset,
 )
 from cues_platform.reference import model as m
 
@@ -127,6 +132,8 @@ def _in_lane_order(frame: Any) -> pa.Table:
 
 
 # -- parse (map) ------------------------------------------------------------------------------------
+@processor_asset(inputs={"instructions": "instructions"}, outputs={"parsed": "parsed"},
+                 error_queue="errors")
 def parse(ctx: Any, instructions: Any) -> pa.Table:
     """Parse the JSON payment instruction; ``malformed`` names the first failed check (missing
     message id, unknown participant in the header, payload not a JSON object, a missing field, an
@@ -367,8 +374,9 @@ def payments_graph(*, batch_size: int = DEFAULT_BATCH, fx_seed: int = 11,
             Processor("fx", Kind.SOURCE, make_fx(fx_seed), outputs={"rates": Out("fx_rates")}, options=opts),
             Processor("intake", Kind.ALTS, intake, bindings, {"instructions": Out("instructions")},
                       error_queue="errors", options=opts),
-            Processor("parse", Kind.MAP, parse, {"instructions": In("instructions")}, {"parsed": Out("parsed")},
-                      error_queue="errors", options=opts),
+            # declared on its function (@processor_asset): in Dagster its asset body is `parse`,
+            # one step per materialization; the others run on the platform's runner
+            dataclasses.replace(parse, options=opts),
             Processor("convert", Kind.JOIN, convert, {"postings": In("parsed"), "rates": In("fx_rates")},
                       {"priced": Out("priced")}, error_queue="errors", options=opts),
             Processor("validate", Kind.FORK, validate, {"priced": In("priced")},

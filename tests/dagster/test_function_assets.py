@@ -16,11 +16,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from dagster import DagsterEventType, materialize
 
 from cues_platform.audit import audit
-from cues_platform.dagster import CuesSparkResource, LakeResource, build_definitions, processor_asset
+from cues_platform.dagster import (
+    CuesSparkResource,
+    LakeResource,
+    build_definitions,
+    processor_asset,
+)
 from cues_platform.processing import AssetBody, Graph, GraphError, GraphRunner, Kind, Options
 from cues_platform.processing.runner import create_queues
 from cues_platform.queues import Lake
@@ -237,6 +243,57 @@ def test_user_error_goes_to_the_error_queue_and_platform_error_fails_the_op(spar
     (tmp_path / "moved.parquet").rename(newest)
     materialize_until_idle(defs, instance)
     assert sorted(matrix.ids_of(lake, "b"))[-5:] == [i * 2 for i in range(1000, 1005)]
+
+
+def test_without_an_error_queue_a_user_error_fails_the_op_and_a_retry_policy_retries(
+        spark, lake, instance, tmp_path: Path) -> None:
+    """No error queue: the function's error stops the processor (UnhandledStepError), nothing
+    delivered. An op retry in the same process opens a new step (the IO manager keys its open
+    steps by attempt), so an injected failure once, then the retry, delivers every row once."""
+    from dagster import RetryPolicy
+
+    graph = function_face(matrix.build_graph("map", "error", error_queue=False))
+    create_queues(graph, lake)
+    matrix.load_inputs(lake, "map")
+    defs = build_definitions(graph, lake=LakeResource(root=lake.root), spark=CuesSparkResource())
+    runs = materialize_until_idle(defs, instance)
+    assert "UnhandledStepError" in failure_classes(runs[-1])
+    assert matrix.ids_of(lake, "b") == [i * 2 for i in range(10)]  # step 0 only
+
+    graph = function_face(matrix.build_graph("map"))
+    other = Lake(root=str(tmp_path / "retried"))
+    create_queues(graph, other)
+    matrix.load_inputs(other, "map")
+    defs = build_definitions(graph, lake=LakeResource(root=other.root), spark=CuesSparkResource(),
+                             retry_policy=RetryPolicy(max_retries=1))
+    once = tmp_path / "fired"
+    config = {"ops": {matrix.PID: {"config": {"inject_failure_at": "after_prepare",
+                                              "inject_failure_once_file": str(once)}}}}
+    result = materialize(assets_of(defs, checks=False), resources=resources_of(defs),
+                         instance=instance, run_config=config)
+    assert result.success and once.exists()
+    assert [e.step_key for e in result.all_events
+            if e.event_type == DagsterEventType.STEP_UP_FOR_RETRY] == [matrix.PID]
+    materialize_until_idle(defs, instance)
+    matrix.check_exact(other, "map", "output")
+
+
+def test_a_plain_downstream_asset_reads_the_whole_queue(spark, lake, instance) -> None:
+    from dagster import AssetIn, asset
+
+    graph = function_face(matrix.build_graph("map"))
+    create_queues(graph, lake)
+    matrix.load_inputs(lake, "map")
+    defs = build_definitions(graph, lake=LakeResource(root=lake.root), spark=CuesSparkResource())
+    materialize_until_idle(defs, instance)
+
+    @asset(ins={"b": AssetIn(key="b")})
+    def report(b: pa.Table) -> None:
+        assert sorted(b["id"].to_pylist()) == [i * 2 for i in range(30)]
+
+    result = materialize([*assets_of(defs, checks=False), report], resources=resources_of(defs),
+                         instance=instance, selection=["report"])
+    assert result.success
 
 
 # -- bad declarations -----------------------------------------------------------------------------

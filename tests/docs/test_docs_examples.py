@@ -103,6 +103,18 @@ def test_build_definitions_example(exec_block: Callable[..., dict]) -> None:
     assert any(name.endswith("__new_data") for name in sensors)
 
 
+def test_processor_asset_example(spark: Any, chdir_tmp: Path, exec_block: Callable[..., dict],
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """"Two ways to write a processor": the decorated function is the asset body; it prints
+    ``True 3`` and its output queue holds every order once, doubled, with its delivery hash."""
+    ns = exec_block(python_block("docs/dagster.md", "Two ways to write a processor"))
+    assert capsys.readouterr().out.splitlines()[-1] == "True 3"
+    doubled = ns["lake"].queue("doubled").read_arrow(partition="0")
+    assert sorted(doubled["amount"].to_pylist()) == [20.0, 40.0, 60.0]
+    assert len(set(doubled["_delivery_hash"].to_pylist())) == 1
+    assert ns["graph"].processors["double"].asset_body.value == "function"
+
+
 # -- docs/auditor.md ----------------------------------------------------------------------------------
 SHOP_GRAPH = '''
 import pyarrow as pa
