@@ -61,7 +61,8 @@ def test_definitions_load_with_assets_lineage_checks_sensors_schedule() -> None:
     assert {k.to_user_string() for k in job.asset_layer.executable_asset_keys} >= {
         "enriched", "big", "small", "archive"}
     resources = set(repo.get_top_level_resources())
-    assert {"lake", "spark", "cues_io_manager"} <= resources and "backing" not in resources  # used by nothing
+    # runner-face processors only: nothing uses backing or the step IO manager, so neither is listed
+    assert {"lake", "spark", "cues_io_manager"} <= resources and not {"backing", "cues_step_io"} & resources
 
 
 def test_no_schedule_and_key_prefix() -> None:

@@ -127,7 +127,12 @@ def test_resources_one_per_key() -> None:
 
     resources = _repo().get_top_level_resources()
     assert {"lake", "spark", "ledger", "cues_io_manager", "participants_lake"} <= set(resources)
-    assert "backing" not in resources  # no asset requires it
+    # parse is a @processor_asset: its step IO manager keeps snapshots and attempts through backing
+    assert {"backing", "cues_step_io"} <= set(resources)
+    parse = _repo().assets_defs_by_key[AssetKey("parsed")]
+    assert {"backing", "lake", "spark"} <= parse.required_resource_keys
+    assert parse.get_output_name_for_asset_key(AssetKey("parsed")) and \
+        parse.node_def.output_def_named(parse.get_output_name_for_asset_key(AssetKey("parsed"))).io_manager_key == "cues_step_io"
     assert isinstance(defs.resources["ledger"], LedgerResource)
 
 
