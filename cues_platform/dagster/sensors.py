@@ -5,6 +5,10 @@ is the JSON of the input queues' Delta versions. When they differ from the curso
 requests one run of the processor's assets with ``run_key = <processor>@<queue>.v<version>+...``:
 the same versions always give the same key and Dagster never launches two runs with one key for a
 sensor, so a tick repeated after a crash (before its cursor was saved) launches nothing twice.
+With no new commit, it still requests a run while the processor's latest materialization left
+input behind (``cues/lag_total`` > 0: a ``@processor_asset`` takes one step per run, a bounded
+run stops early), keyed ``...+catch_up.<that materialization's run id>``: one run per such
+materialization, so a failed run (no materialization) never makes a storm of requests.
 
 Recovery sensor (one per graph), for instances WITHOUT Dagster's run retries: after a run that
 materialized (or planned to materialize) some of the graph's processor assets failed, it requests
@@ -97,7 +101,18 @@ def build_new_data_sensor(graph: Graph, proc: Processor, *, prefix: Sequence[str
         cursor = json.dumps(versions, sort_keys=True)
         previous = json.loads(context.cursor) if context.cursor else None
         if previous == versions:
-            return SkipReason(f"no new commits on {', '.join(versions)} since the last run request")
+            behind = lag_after_latest(context.instance, keys[0])
+            if behind is None:
+                return SkipReason(f"no new commits on {', '.join(versions)} since the last run request")
+            # no new input, but the latest materialization stopped behind it (a function asset
+            # takes one step per run; a runner-face run may have hit a bound): one run per such
+            # materialization (its run id in the key) until the processor has caught up
+            run_id, lag = behind
+            request = RunRequest(run_key=f"{new_data_run_key(pid, versions)}+catch_up.{run_id}",
+                                 asset_selection=keys,
+                                 tags={TRIGGER_TAG: "catch_up", "cues/processor": pid,
+                                       "cues/lag_total": str(lag)})
+            return SensorResult(run_requests=[request], cursor=cursor)
         if not any(_has_rows(lake, q) for q in versions):
             return SensorResult(skip_reason=SkipReason("the input queues are empty"), cursor=cursor)
         request = RunRequest(run_key=new_data_run_key(pid, versions), asset_selection=keys,
@@ -105,6 +120,17 @@ def build_new_data_sensor(graph: Graph, proc: Processor, *, prefix: Sequence[str
         return SensorResult(run_requests=[request], cursor=cursor)
 
     return _new_data
+
+
+def lag_after_latest(instance: Any, key: AssetKey) -> tuple[str, int] | None:
+    """``(run id, lag)`` of the asset's latest materialization when it left input unprocessed
+    (``cues/lag_total`` > 0), else None."""
+    event = instance.get_latest_materialization_event(key)
+    mat = event.asset_materialization if event is not None else None
+    lag = mat.metadata.get("cues/lag_total") if mat is not None else None
+    if lag is None or not int(lag.value):
+        return None
+    return event.run_id, int(lag.value)
 
 
 def _has_rows(lake: Any, name: str) -> bool:

@@ -142,6 +142,52 @@ def test_metadata_and_checks_of_a_function_asset(spark, lake, instance) -> None:
         [i * 2 for i in range(30)]
 
 
+def test_the_new_data_sensor_keeps_requesting_until_the_processor_caught_up(spark, lake, instance) -> None:
+    """One step per materialization: after the new-data run, the sensor requests catch-up runs
+    (one per materialization that left lag) until the lag is 0, then skips."""
+    from dagster import build_sensor_context
+
+    graph = function_face(matrix.build_graph("map"))
+    create_queues(graph, lake)
+    matrix.load_inputs(lake, "map")  # 30 rows, batches of 10: three steps
+    resource = LakeResource(root=lake.root)
+    defs = build_definitions(graph, lake=resource, spark=CuesSparkResource())
+    sensor = defs.get_repository_def().get_sensor_def(f"{graph.name}__{matrix.PID}__new_data")
+    cursor, triggers = None, []
+    for _ in range(6):
+        tick = sensor.evaluate_tick(build_sensor_context(instance=instance, cursor=cursor,
+                                                         resources={"lake": resource}))
+        cursor = tick.cursor or cursor
+        if not tick.run_requests:
+            assert "no new commits" in tick.skip_message
+            break
+        (request,) = tick.run_requests
+        triggers.append(request.tags["cues/trigger"])
+        result = materialize(assets_of(defs, checks=False), resources=resources_of(defs),
+                             instance=instance, selection=request.asset_selection, tags=request.tags)
+        assert result.success
+    assert triggers == ["new_data", "catch_up", "catch_up"]
+    matrix.check_exact(lake, "map", "output")
+    # caught up: a tick from the same cursor requests nothing more
+    again = sensor.evaluate_tick(build_sensor_context(instance=instance, cursor=cursor,
+                                                      resources={"lake": resource}))
+    assert not again.run_requests
+
+
+@pytest.mark.parametrize("strategy", ["at_least_once", "at_most_once"])
+def test_the_faster_strategies_step_through_the_function_face(spark, lake, instance, strategy) -> None:
+    from cues_platform.processing import Strategy
+
+    graph = function_face(matrix.build_graph("fork", strategy=Strategy(strategy)))
+    create_queues(graph, lake)
+    matrix.load_inputs(lake, "fork")
+    defs = build_definitions(graph, lake=LakeResource(root=lake.root), spark=CuesSparkResource())
+    runs = materialize_until_idle(defs, instance)
+    assert all(r.success for r in runs) and len(runs) == 4
+    assert matrix.ids_of(lake, "b") == [i * 2 for i in range(30)]
+    assert matrix.ids_of(lake, "d") == [i * 3 for i in range(30)]
+
+
 # -- crash at every point of the protocol, through Dagster ----------------------------------------
 FULL = [(k, o, p) for k in matrix.KINDS for o in matrix.OUTCOMES
         for p in ("recovery_fenced", *matrix.STEP_POINTS)]
