@@ -6,6 +6,7 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import click
 from rich.console import Console
@@ -324,9 +325,17 @@ def graph_show(graph_ref: str) -> None:
     metavar="SECONDS",
     help="Stop after this many seconds without work (default: run until SIGTERM / Ctrl-C).",
 )
-@click.option("--no-progress", is_flag=True, help="No live progress table.")
-def run_command(graph_ref: str, lake_root: str, idle_exit: float | None, no_progress: bool) -> None:
+@click.option("--no-progress", is_flag=True,
+              help="No live progress table: one JSON line per event on stderr instead.")
+@click.option("--status-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Keep the runner's state (JSON, replaced atomically on every event) in this file.")
+def run_command(graph_ref: str, lake_root: str, idle_exit: float | None, no_progress: bool,
+                status_file: Path | None) -> None:
     """Run a graph (module:attr or file.py:attr) continuously; stop gracefully on SIGTERM/Ctrl-C.
+
+    Events (started, spark_ready, recovered, step, idle, fenced, stopped, failed): one JSON line
+    each on stderr with ``--no-progress``, and the latest state in ``--status-file``
+    (cues_platform/processing/events.py).
 
     Exit 0 after a requested stop (SIGTERM/SIGINT) or ``--idle-exit``. A SIGTERM to the whole
     process group also stops Spark's JVM: the step in flight then fails with a platform error,
@@ -340,12 +349,16 @@ def run_command(graph_ref: str, lake_root: str, idle_exit: float | None, no_prog
     import time
 
     from cues_platform.processing.errors import PlatformStepError
+    from cues_platform.processing.events import RunnerStatus
     from cues_platform.processing.failures import Origin, Phase, origin_of
     from cues_platform.processing.loader import load_graph
     from cues_platform.processing.runner import GraphRunner
+    from cues_platform.spark import get_spark
 
     graph = load_graph(graph_ref)
     lake = Lake(root=lake_root)
+    events = RunnerStatus(graph=graph.name, stream=sys.stderr if no_progress else None,
+                          status_file=status_file)
     stop = threading.Event()
     runners: list[GraphRunner] = []
 
@@ -369,12 +382,25 @@ def run_command(graph_ref: str, lake_root: str, idle_exit: float | None, no_prog
             previous[sig] = signal.signal(sig, request_stop)
     started = time.monotonic()
     interrupted = ""
+    events("started", {"lake": lake.root, "pid": os.getpid(), "processors": sorted(graph.processors)})
     try:
-        runner = GraphRunner(graph=graph, lake=lake, keep_results=False)
+        spark_started = time.monotonic()
+        try:
+            spark = get_spark()
+        except Exception as exc:
+            if not stop.is_set():
+                raise
+            # a stop (to the process group: Spark's JVM too) while Spark was starting
+            raise _StartupInterrupted(type(exc).__name__) from exc
+        events("spark_ready", {"seconds": round(time.monotonic() - spark_started, 3)})
+        runner = GraphRunner(graph=graph, lake=lake, spark=spark, keep_results=False, events=events)
         runners.append(runner)
         if stop.is_set():
             runner.stop_event.set()
         stats = runner.run(show_progress=not no_progress, idle_exit=idle_exit)
+    except _StartupInterrupted as exc:
+        interrupted = f"; start-up interrupted ({exc})"
+        stats = {}
     except Exception as exc:
         # A stop request that also took Spark's JVM down (SIGTERM to the process group) fails the
         # step in flight (or the start-up) with a platform error: no error row, retried on restart.
@@ -382,6 +408,8 @@ def run_command(graph_ref: str, lake_root: str, idle_exit: float | None, no_prog
         if not requested or not (
             isinstance(exc, PlatformStepError) or origin_of(exc, phase=Phase.MATERIALIZE) is Origin.PLATFORM
         ):
+            events("failed", {"error_type": type(exc).__name__,
+                              "error": (str(exc).strip().splitlines() or [""])[0][:300]})
             raise
         if isinstance(exc, PlatformStepError):
             interrupted = (f"; step {exc.step} of processor {exc.processor!r} was interrupted and is "
@@ -399,6 +427,7 @@ def run_command(graph_ref: str, lake_root: str, idle_exit: float | None, no_prog
         if stop.is_set() or (runners and runners[0].stop_event.is_set())
         else f"idle for {idle_exit}s"
     )
+    events("stopped", {"why": why + interrupted, "seconds": round(elapsed, 3)})
     click.echo(f"graph {graph.name}: stopped after {elapsed:.1f}s ({why}{interrupted})")
     for pid, s in stats.items():
         p = graph.processors[pid]
@@ -406,6 +435,10 @@ def run_command(graph_ref: str, lake_root: str, idle_exit: float | None, no_prog
             f"  {pid} ({p.kind.value}, {p.strategy.value}): {s.steps} step(s), {s.rows_in:,} row(s) "
             f"in, {s.rows_out:,} row(s) out, {s.errors} error(s), {s.recovered} recovered"
         )
+
+
+class _StartupInterrupted(Exception):  # noqa: N818 - a requested stop, reported in one line
+    """A stop request arrived while Spark was starting and the start failed with it."""
 
 
 main.add_command(participant)  # cues participant ... (the postings protocol, seed 002)

@@ -25,7 +25,7 @@ from tests.support import ROOT
 SUBPROCESS_TIMEOUT = 240
 
 
-def cues_run(folder: Path, lake: Path, *extra: str) -> subprocess.Popen[str]:
+def cues_run(folder: Path, lake: Path, *extra: str, new_session: bool = False) -> subprocess.Popen[str]:
     """``python -m cues_platform.cli run tests_graph_module:graph`` in ``folder``."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), str(ROOT)])}
     return subprocess.Popen(
@@ -45,7 +45,13 @@ def cues_run(folder: Path, lake: Path, *extra: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=new_session,  # its own process group, as under a shell
     )
+
+
+def events_of(stderr: str) -> list[dict]:
+    """The JSON event lines of ``cues run --no-progress`` (Spark's own lines are not JSON)."""
+    return [json.loads(line) for line in stderr.splitlines() if line.startswith('{"ts": ')]
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +62,8 @@ def ran_lake(
     folder = tmp_path_factory.mktemp("cli")
     graph = load_graph(f"{write_graph(folder)}:graph")
     seed(graph, Lake(root=str(folder / "lake")))
-    proc = cues_run(folder, folder / "lake", "--idle-exit", "2")
+    proc = cues_run(folder, folder / "lake", "--idle-exit", "2", "--status-file",
+                    str(folder / "status" / "run.json"))
     out, err = proc.communicate(timeout=SUBPROCESS_TIMEOUT)
     return folder / "lake", subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
@@ -80,6 +87,57 @@ def test_cues_run_processes_everything_then_exits_when_idle(
     assert report.ok, report.to_text()
     assert report.processors["enrich"].inputs[0].delivered_end == ORDERS
     assert report.processors["split"].inputs[0].delivered_end == 20
+
+
+def test_cues_run_emits_one_event_per_happening_and_keeps_a_status_file(
+    ran_lake: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    """started, spark_ready (its seconds), recovered per processor, step per delivered step with
+    the hash the lake recorded, idle, stopped; the status file ends with the same."""
+    from cues_platform.processing.history import processor_history
+
+    lake, done = ran_lake
+    events = events_of(done.stderr)
+    names = [e["event"] for e in events]
+    assert names[:2] == ["started", "spark_ready"] and names[-1] == "stopped", names
+    assert events[1]["seconds"] > 0 and events[-1]["why"] == "idle for 2.0s"
+    assert {e["processor"] for e in events if e["event"] == "recovered"} == {"enrich", "split"}
+    assert "idle" in names and names.index("idle") > max(i for i, n in enumerate(names) if n == "step")
+    steps = [e for e in events if e["event"] == "step" and e["processor"] == "enrich"]
+    recorded = [r for r in processor_history(Lake(root=str(lake)), "enrich") if r.is_attempt]
+    assert [(e["step"], e["delivery_hash"]) for e in steps] == [(r.step, r.hash) for r in recorded]
+    assert steps[0]["ranges"]["orders"] == ["orders", "0", 0, 10] and steps[0]["rows_in"] == 10
+    status = json.loads((lake.parent / "status" / "run.json").read_text())
+    assert status["state"] == "stopped" and status["spark_start_seconds"] == events[1]["seconds"]
+    assert status["processors"]["enrich"]["steps"] == 3
+    assert status["processors"]["enrich"]["last_delivery_hash"] == steps[-1]["delivery_hash"]
+    assert status["last_event"]["event"] == "stopped"
+
+
+def test_a_stop_while_spark_starts_is_one_line_and_exit_0(tmp_path: Path) -> None:
+    """SIGTERM to the whole process group right after ``started`` (Spark's JVM is starting and
+    gets it too): no traceback, exit 0, one line; nothing was processed, the lake audits clean."""
+    graph = load_graph(f"{write_graph(tmp_path)}:graph")
+    lake = Lake(root=str(tmp_path / "lake"))
+    seed(graph, lake)
+    proc = cues_run(tmp_path, tmp_path / "lake", new_session=True)
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()
+        while first and not first.startswith('{"ts": '):
+            first = proc.stderr.readline()
+        assert json.loads(first)["event"] == "started", first
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=SUBPROCESS_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert out.startswith("graph shop: stopped after") and "stop requested" in out, out
+    assert events_of(err)[-1]["event"] == "stopped"
+    assert audit(lake).ok
 
 
 def test_cues_run_stops_gracefully_on_sigterm(tmp_path: Path) -> None:

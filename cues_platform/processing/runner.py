@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cues_platform.processing.errors import ProcessorFencedError
+from cues_platform.processing.events import EventSink, step_fields
 from cues_platform.processing.graph import Graph
 from cues_platform.processing.sources import SourceStepper, is_source_like
 from cues_platform.processing.step import Hook, StepBase, StepResult
@@ -51,8 +53,11 @@ def create_queues(graph: Graph, lake: Lake) -> None:
 class GraphRunner:
     def __init__(self, *, graph: Graph, lake: Lake, spark: Any = None,
                  resources: Mapping[str, Any] | None = None, hook: Hook | None = None,
-                 only: list[str] | None = None, keep_results: bool = True) -> None:
+                 only: list[str] | None = None, keep_results: bool = True,
+                 events: EventSink | None = None) -> None:
         self.graph, self.lake, self.keep_results = graph, lake, keep_results
+        # what the runner does, event by event (processing/events.py); None: nothing emitted
+        self.events: EventSink = events or (lambda _event, _fields: None)
         create_queues(graph, lake)
         if spark is None:
             from cues_platform.spark import get_spark
@@ -72,10 +77,17 @@ class GraphRunner:
 
     def recover(self, pids: list[str] | None = None) -> None:
         for pid in pids or list(self.steppers):
-            result = self.steppers[pid].recover()
+            stepper = self.steppers[pid]
+            result = self._fenced_guard(pid, stepper.recover)
             self._needs_recovery.discard(pid)
             if result is not None:
                 self.stats[pid].add(result, keep=self.keep_results)
+            self.events("recovered", {
+                "processor": pid,
+                "rolled_forward": None if result is None else {"step": result.step,
+                                                               "delivery_hash": result.delivery_hash},
+                "next_step": getattr(stepper, "next_step", None),
+                "positions": dict(getattr(stepper, "positions", {}))})
         self._recovered = not self._needs_recovery
 
     def step_once(self, pid: str) -> StepResult | None:
@@ -85,14 +97,22 @@ class GraphRunner:
         if pid in self._needs_recovery:
             self.recover([pid])
         try:
-            result = self.steppers[pid].step()
+            result = self._fenced_guard(pid, self.steppers[pid].step)
         except BaseException:
             self._needs_recovery.add(pid)
             self._recovered = False
             raise
         if result is not None:
             self.stats[pid].add(result, keep=self.keep_results)
+            self.events("step", step_fields(pid, result))
         return result
+
+    def _fenced_guard(self, pid: str, call: Any) -> Any:
+        try:
+            return call()
+        except ProcessorFencedError as exc:
+            self.events("fenced", {"processor": pid, "error": str(exc).splitlines()[0][:300]})
+            raise
 
     def run_until_idle(self, *, max_steps: int | None = None) -> dict[str, ProcessorStats]:
         """Step every processor (upstream first) until none has work or ``max_steps`` is hit."""
@@ -117,11 +137,12 @@ class GraphRunner:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 handlers[sig] = signal.signal(sig, lambda *_: self.stop_event.set())
         try:
-            if self._needs_recovery:
+            if self._needs_recovery and not self.stop_event.is_set():
                 self.recover([p for p in self.steppers if p in self._needs_recovery])
             delays = {pid: 0.01 for pid in self.steppers}
             due = dict.fromkeys(self.steppers, 0.0)
             idle_since = time.monotonic()
+            idle = False
             live = _live(self) if show_progress else None
             with live or _nullcontext():
                 while not self.stop_event.is_set():
@@ -131,10 +152,14 @@ class GraphRunner:
                             continue
                         if self.step_once(pid) is not None:
                             delays[pid], due[pid], idle_since = 0.01, 0.0, time.monotonic()
+                            idle = False
                         else:
                             cap = self.steppers[pid].processor.options.poll_interval
                             delays[pid] = min(delays[pid] * 2, cap)
                             due[pid] = time.monotonic() + delays[pid]
+                    if not idle and idle_since < now:  # a whole pass found no work
+                        idle = True
+                        self.events("idle", {"since_seconds": round(time.monotonic() - idle_since, 3)})
                     if live is not None:
                         live.update(_table(self))
                     if idle_exit is not None and time.monotonic() - idle_since > idle_exit:
