@@ -192,15 +192,13 @@ def test_the_faster_strategies_step_through_the_function_face(spark, lake, insta
 FULL = [(k, o, p) for k in matrix.KINDS for o in matrix.OUTCOMES
         for p in ("recovery_fenced", *matrix.STEP_POINTS)]
 # CI: one case per protocol path and per Dagster phase the crash lands in (load_input: a sink's
-# after_snapshot; the body: after_function; handle_output: the rest), every kind once. A non-sink
+# after_snapshot; the body: after_function; handle_output: the rest), each path once. A non-sink
 # records nothing before its commit, so its after_snapshot/after_read equal after_function (the
 # runner-face matrix, tests/processing/test_crash_matrix.py, runs every kind at every point).
 # CUES_SOAK=1 runs every kind x outcome x point here too.
 BOUNDED = [("map", "output", "after_function"), ("map", "output", "after_prepare"),
-           ("map", "output", "after_commit"), ("map", "error", "after_attempt"),
-           ("join", "output", "after_prepare"), ("alts", "nil", "after_commit"),
-           ("fork", "output", "between_commits"), ("sink", "output", "after_snapshot"),
-           ("sink", "output", "after_commit")]
+           ("map", "error", "after_attempt"), ("fork", "output", "between_commits"),
+           ("sink", "output", "after_snapshot"), ("alts", "nil", "after_commit")]
 
 
 def crash_case(kind: str, outcome: str, point: str) -> bool:
