@@ -49,6 +49,13 @@ def cues_run(folder: Path, lake: Path, *extra: str, new_session: bool = False) -
     )
 
 
+def reap(proc: subprocess.Popen[str]) -> None:
+    """Kill a child a failed test left running."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
 def events_of(stderr: str) -> list[dict]:
     """The JSON event lines of ``cues run --no-progress`` (Spark's own lines are not JSON)."""
     return [json.loads(line) for line in stderr.splitlines() if line.startswith('{"ts": ')]
@@ -130,9 +137,7 @@ def test_a_stop_while_spark_starts_is_one_line_and_exit_0(tmp_path: Path) -> Non
         os.killpg(proc.pid, signal.SIGTERM)
         out, err = proc.communicate(timeout=SUBPROCESS_TIMEOUT)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
     assert proc.returncode == 0, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     assert out.startswith("graph shop: stopped after") and "stop requested" in out, out
@@ -158,9 +163,7 @@ def test_cues_run_stops_gracefully_on_sigterm(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=SUBPROCESS_TIMEOUT)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
     assert proc.returncode == 0, err[-3000:]
     assert "(stop requested)" in out and "enrich (map, exactly_once)" in out
     report = audit(lake)

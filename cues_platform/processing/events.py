@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import threading
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -99,17 +97,8 @@ class RunnerStatus:
             proc["last_step"], proc["last_delivery_hash"] = fields["step"], fields["delivery_hash"]
 
 
-def stderr_sink(graph: str, status_file: Path | None, *, lines: bool) -> RunnerStatus:
-    return RunnerStatus(graph=graph, stream=sys.stderr if lines else None, status_file=status_file)
-
-
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
-def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    started = time.monotonic()
-    return fn(), time.monotonic() - started
-
-
-__all__ = ["STATES", "EventSink", "RunnerStatus", "step_fields", "stderr_sink", "timed"]
+__all__ = ["STATES", "EventSink", "RunnerStatus", "step_fields"]
