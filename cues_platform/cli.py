@@ -344,7 +344,6 @@ def run_command(graph_ref: str, lake_root: str, idle_exit: float | None, no_prog
     exits 2 with one ``error:`` line (``PlatformStepError``: restart to retry the same input).
     """
     import logging
-    import signal
     import threading
     import time
 
@@ -353,6 +352,7 @@ def run_command(graph_ref: str, lake_root: str, idle_exit: float | None, no_prog
     from cues_platform.processing.failures import Origin, Phase, origin_of
     from cues_platform.processing.loader import load_graph
     from cues_platform.processing.runner import GraphRunner
+    from cues_platform.signals import StopSignals
     from cues_platform.spark import get_spark
 
     graph = load_graph(graph_ref)
@@ -362,24 +362,25 @@ def run_command(graph_ref: str, lake_root: str, idle_exit: float | None, no_prog
     stop = threading.Event()
     runners: list[GraphRunner] = []
 
-    def request_stop(signum: int, _frame: object) -> None:
+    def request_stop(_signum: int) -> None:  # in StopSignals' thread (never in the handler)
         stop.set()
         for r in runners:
             r.stop_event.set()
 
+    signals = StopSignals(request_stop)
+
+    def stop_requested() -> bool:
+        return signals.received is not None or stop.is_set() or any(r.stop_event.is_set() for r in runners)
+
     def quiet_py4j_after_stop(record: logging.LogRecord) -> bool:
         # py4j logs every command the stopped JVM can no longer answer (with a traceback) on the
         # root logger; after a stop request that is expected, and the step is left to recovery.
-        requested = stop.is_set() or any(r.stop_event.is_set() for r in runners)
-        return not (requested and f"{os.sep}py4j{os.sep}" in record.pathname)
+        return not (stop_requested() and f"{os.sep}py4j{os.sep}" in record.pathname)
 
     logging.getLogger().addFilter(quiet_py4j_after_stop)
     # Installed for the whole command, so a stop during start-up (Spark takes seconds) is graceful
     # too; GraphRunner.run installs its own while it runs and puts these back.
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            previous[sig] = signal.signal(sig, request_stop)
+    signals.__enter__()
     started = time.monotonic()
     interrupted = ""
     events("started", {"lake": lake.root, "pid": os.getpid(), "processors": sorted(graph.processors)})
@@ -388,14 +389,14 @@ def run_command(graph_ref: str, lake_root: str, idle_exit: float | None, no_prog
         try:
             spark = get_spark()
         except Exception as exc:
-            if not stop.is_set():
+            if not stop_requested():
                 raise
             # a stop (to the process group: Spark's JVM too) while Spark was starting
             raise _StartupInterrupted(type(exc).__name__) from exc
         events("spark_ready", {"seconds": round(time.monotonic() - spark_started, 3)})
         runner = GraphRunner(graph=graph, lake=lake, spark=spark, keep_results=False, events=events)
         runners.append(runner)
-        if stop.is_set():
+        if stop_requested():
             runner.stop_event.set()
         stats = runner.run(show_progress=not no_progress, idle_exit=idle_exit)
     except _StartupInterrupted as exc:
@@ -404,8 +405,7 @@ def run_command(graph_ref: str, lake_root: str, idle_exit: float | None, no_prog
     except Exception as exc:
         # A stop request that also took Spark's JVM down (SIGTERM to the process group) fails the
         # step in flight (or the start-up) with a platform error: no error row, retried on restart.
-        requested = stop.is_set() or any(r.stop_event.is_set() for r in runners)
-        if not requested or not (
+        if not stop_requested() or not (
             isinstance(exc, PlatformStepError) or origin_of(exc, phase=Phase.MATERIALIZE) is Origin.PLATFORM
         ):
             events("failed", {"error_type": type(exc).__name__,
@@ -418,14 +418,11 @@ def run_command(graph_ref: str, lake_root: str, idle_exit: float | None, no_prog
             interrupted = f"; start-up interrupted ({type(exc).__name__})"
         stats = runners[0].stats if runners else {}
     finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+        signals.__exit__(None, None, None)
         logging.getLogger().removeFilter(quiet_py4j_after_stop)
     elapsed = time.monotonic() - started
     why = (
-        "stop requested"
-        if stop.is_set() or (runners and runners[0].stop_event.is_set())
-        else f"idle for {idle_exit}s"
+        "stop requested" if stop_requested() else f"idle for {idle_exit}s"
     )
     events("stopped", {"why": why + interrupted, "seconds": round(elapsed, 3)})
     click.echo(f"graph {graph.name}: stopped after {elapsed:.1f}s ({why}{interrupted})")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -27,6 +26,7 @@ from cues_platform.oneline import EXIT_BAD_INPUT, EXIT_BUG, bug_hint, exception_
 from cues_platform.participants.config import CONFIG_ENV, field_types, to_env
 from cues_platform.participants.model import Role, Settings
 from cues_platform.participants.supervise import Supervisor
+from cues_platform.signals import StopSignals
 
 DEFAULT_LAKE = os.environ.get("CUES_LAKE", "lake")
 
@@ -217,10 +217,9 @@ def run(participant: str, role: str, instances: int, slots: int | None, lake_roo
                      backoff_max=settings.restart_backoff_max,
                      healthy_after=settings.restart_healthy_after,
                      echo=lambda line: click.echo(line, err=True))
-    signal.signal(signal.SIGTERM, sup.stop)
-    signal.signal(signal.SIGINT, sup.stop)
     click.echo(f"{participant} ({role}): {instances} instance(s) running", err=True)
-    code = sup.run()
+    with StopSignals(lambda _signum: sup.stop()):
+        code = sup.run()
     if sup.failed:
         click.echo(f"{participant} ({role}): {len(sup.failed)} instance failure(s): "
                    + ", ".join(f"{name} exit {c}" for name, c in sup.failed[-10:]), err=True)

@@ -13,13 +13,13 @@ import argparse
 import json
 import logging
 import os
-import signal
 import socket
 import sys
 
 from cues_platform.participants.db import participant_dsn
 from cues_platform.participants.model import Role, Settings
 from cues_platform.queues import Lake
+from cues_platform.signals import StopSignals
 
 
 def build(args: argparse.Namespace):  # noqa: ANN201
@@ -53,9 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("CUES_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     inst = build(args)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: inst.stop_event.set())
-    stats = inst.run(idle_exit=args.idle_exit)
+    with StopSignals(lambda _signum: inst.stop_event.set()):
+        stats = inst.run(idle_exit=args.idle_exit)
     print(json.dumps({"instance": inst.instance, **stats}), flush=True)
     return 0
 

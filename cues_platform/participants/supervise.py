@@ -122,7 +122,8 @@ class Supervisor:
                 self.echo(f"[instance {child.name}] {line}")
 
     def stop(self, *_: object) -> None:
-        """Step 3: stop every instance (safe to call from a signal handler)."""
+        """Step 3: stop every instance (from any thread; `cues participant run` calls it from
+        :class:`~cues_platform.signals.StopSignals`' thread, never inside a signal handler)."""
         self.stopping.set()
         self._terminate()
 

@@ -8,7 +8,6 @@ flight finishes or, if killed, is recovered on the next start) and shows progres
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
 from collections.abc import Mapping
@@ -22,6 +21,7 @@ from cues_platform.processing.sources import SourceStepper, is_source_like
 from cues_platform.processing.step import Hook, StepBase, StepResult
 from cues_platform.processing.strategies import make_stepper
 from cues_platform.queues import Lake
+from cues_platform.signals import StopSignals
 
 
 @dataclass
@@ -132,11 +132,7 @@ class GraphRunner:
 
     def run(self, *, show_progress: bool = True, idle_exit: float | None = None) -> dict[str, ProcessorStats]:
         """The continuous runner: until SIGTERM/SIGINT (or ``idle_exit`` seconds with no work)."""
-        handlers = {}
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                handlers[sig] = signal.signal(sig, lambda *_: self.stop_event.set())
-        try:
+        with StopSignals(lambda _signum: self.stop_event.set()):
             if self._needs_recovery and not self.stop_event.is_set():
                 self.recover([p for p in self.steppers if p in self._needs_recovery])
             delays = {pid: 0.01 for pid in self.steppers}
@@ -165,9 +161,6 @@ class GraphRunner:
                     if idle_exit is not None and time.monotonic() - idle_since > idle_exit:
                         break
                     self.stop_event.wait(max(0.0, min(due.values(), default=now + 0.5) - time.monotonic()))
-        finally:
-            for sig, old in handlers.items():
-                signal.signal(sig, old)
         return self.stats
 
 
