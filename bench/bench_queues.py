@@ -89,15 +89,15 @@ FULL = {
     "big_queue_appends": 3,
 }
 QUICK = {
-    "append_sizes": [1_000, 10_000, 100_000],
-    "append_runs": {1_000: 5, 10_000: 3, 100_000: 3},
+    "append_sizes": [1_000, 10_000, 50_000],
+    "append_runs": {1_000: 5, 10_000: 3, 50_000: 3},
     "small_appends": 30,
     "small_rows": 10,
     "growth_commits": 200,
     "growth_bucket": 50,
     "after_compact_appends": 10,
     "range_batches": 10,
-    "range_batch_rows": 100_000,
+    "range_batch_rows": 20_000,
     "range_read": 10_000,
     "read_runs": 3,
     "few_commits": 10,
