@@ -426,8 +426,9 @@ def run_command(graph_ref: str, lake_root: str, idle_exit: float | None, no_prog
     )
     events("stopped", {"why": why + interrupted, "seconds": round(elapsed, 3)})
     click.echo(f"graph {graph.name}: stopped after {elapsed:.1f}s ({why}{interrupted})")
+    final = runners[0].graph if runners else graph  # with the lanes of partitions added meanwhile
     for pid, s in stats.items():
-        p = graph.processors[pid]
+        p = final.processors[pid]
         click.echo(
             f"  {pid} ({p.kind.value}, {p.strategy.value}): {s.steps} step(s), {s.rows_in:,} row(s) "
             f"in, {s.rows_out:,} row(s) out, {s.errors} error(s), {s.recovered} recovered"

@@ -10,6 +10,8 @@ one, so a reader never sees half a file). Events, in the order a run makes them:
   attempt it delivered) or null, the ``next_step`` and the input ``positions``;
 - ``step``: per delivered step, the processor, step, delivery hash, outcome, input ranges and
   row counts;
+- ``lane_added``: a partition added to a queue read by an every-partition binding got its lane
+  (``processor``: the lane's id, ``family``, ``partition``; processing/lanes.py);
 - ``idle``: no processor had work (once per transition from working to idle);
 - ``fenced``: a newer instance of a processor took over (the runner stops);
 - ``stopped``: why (``stop requested``, ``idle for Ns``) and the run's duration; or ``failed``:

@@ -1,22 +1,25 @@
 """Graphs: processors, the queues between them, options — validated when built.
 
-A processor binds names to queue partitions: ``inputs={"orders": In("orders", "0")}`` and
-``outputs={"out": Out("enriched", "0")}`` (or ``Out("results", partition_column="sender")`` to
-route rows by a column). Kinds follow Cues: source, map, join, alts, fork, sink, imperative.
+A processor binds names to queues: ``inputs={"orders": In("orders")}`` reads every partition of
+``orders`` (one lane per partition, ``processing/lanes.py``), ``In("orders", "eu")`` one partition;
+``outputs={"out": Out("enriched")}`` writes the lane's partition (``"0"`` outside lanes),
+``Out("enriched", "eu")`` one named partition, ``Out("results", partition_column="sender")`` routes
+rows by a column. Kinds follow Cues: source, map, join, alts, fork, sink, imperative.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
 import pyarrow as pa
 
 from cues_platform.processing.errors import GraphError
-from cues_platform.queues.names import validate_name, validate_partition
+from cues_platform.processing.lanes import ALL_PARTITIONS, SAME_PARTITION, expand
+from cues_platform.queues.names import validate_name, validate_partition, validate_processor_id
 
 
 class Kind(StrEnum):
@@ -93,13 +96,13 @@ class QueueDef:
 @dataclass(frozen=True)
 class In:
     queue: str
-    partition: str = "0"
+    partition: str = ALL_PARTITIONS  # default: every partition, one lane each (processing/lanes.py)
 
 
 @dataclass(frozen=True)
 class Out:
     queue: str
-    partition: str | None = "0"
+    partition: str | None = SAME_PARTITION  # default: the lane's partition ("0" outside lanes)
     partition_column: str | None = None  # route each row by this payload column instead
 
 
@@ -127,6 +130,8 @@ class Processor:
     options: Options = field(default_factory=Options)
     description: str = ""
     asset_body: AssetBody = AssetBody.RUNNER
+    family: str | None = None  # set by Graph.build: the id the user gave (a lane's processor)
+    lane: str | None = None  # set by Graph.build: the partition this lane reads (None: no lanes)
 
     @property
     def strategy(self) -> Strategy:
@@ -146,6 +151,7 @@ class Graph:
     processors: Mapping[str, Processor]
     error_queue: str | None = None
     options: Options = field(default_factory=Options)
+    declared: tuple[Processor, ...] = ()  # the processors as given to build(), before lanes
 
     def __post_init__(self) -> None:
         validate_graph(self)
@@ -158,12 +164,51 @@ class Graph:
             if q.name in qs:
                 raise GraphError(f"graph {name!r}: queue {q.name!r} is declared twice", queue=q.name)
             qs[q.name] = q
+        seen: set[str] = set()
         ps: dict[str, Processor] = {}
         for p in processors:
-            if p.id in ps:
+            if p.id in seen:
                 raise GraphError(f"graph {name!r}: processor id {p.id!r} is used twice", processor=p.id)
-            ps[p.id] = p
-        return cls(name=name, queues=qs, processors=ps, error_queue=error_queue, options=options or Options())
+            seen.add(p.id)
+            validate_name(p.id, kind="processor")
+            for lane in expand(p, qs):
+                ps[lane.id] = lane
+        return cls(name=name, queues=qs, processors=ps, error_queue=error_queue,
+                   options=options or Options(), declared=tuple(processors))
+
+    @property
+    def families(self) -> dict[str, list[str]]:
+        """Each processor the user declared -> the ids of its lanes (itself when it has none)."""
+        out: dict[str, list[str]] = {}
+        for p in self.processors.values():
+            out.setdefault(p.family or p.id, []).append(p.id)
+        return out
+
+    def lanes_of(self, family: str) -> list[Processor]:
+        """The lanes of processor ``family`` (as declared), in partition order."""
+        lanes = [p for p in self.processors.values() if (p.family or p.id) == family]
+        if not lanes:
+            raise GraphError(f"graph {self.name!r} has no processor {family!r} (it has "
+                             f"{sorted(self.families)})", processor=family)
+        return lanes
+
+    def with_lake_partitions(self, partitions: Mapping[str, Sequence[str]]) -> Graph:
+        """This graph over queues that gained partitions in the lake (``{queue: partitions}``,
+        e.g. after ``Queue.add_partitions``): the new partitions of queues read by an
+        every-partition binding get their lanes. The same graph when nothing was added."""
+        changed = {}
+        for name, parts in partitions.items():
+            q = self.queues.get(name)
+            if q is None:
+                continue
+            new = [p for p in parts if p not in q.partitions]
+            if new:
+                changed[name] = replace(q, partitions=(*q.partitions, *new))
+        if not changed or not self.declared:
+            return self
+        return Graph.build(name=self.name, queues=[changed.get(q.name, q) for q in self.queues.values()],
+                           processors=list(self.declared), error_queue=self.error_queue,
+                           options=self.options)
 
     def error_queue_of(self, processor: Processor) -> str | None:
         return processor.error_queue or self.error_queue
@@ -196,15 +241,17 @@ class Graph:
         lines = ["flowchart LR"]
         for q in self.queues.values():
             lines.append(f"  q_{q.name}[({q.name})]")
-        for p in self.processors.values():
-            lines.append(f"  p_{p.id}[{p.id}<br/><i>{p.kind.value}, {p.strategy.value}</i>]")
+        for family, lane_ids in self.families.items():
+            p = self.processors[lane_ids[0]]
+            lanes = f", {len(lane_ids)} partitions" if len(lane_ids) > 1 else ""
+            lines.append(f"  p_{family}[{family}<br/><i>{p.kind.value}, {p.strategy.value}{lanes}</i>]")
             for binding, src in p.inputs.items():
-                lines.append(f"  q_{src.queue} -->|{binding}| p_{p.id}")
+                lines.append(f"  q_{src.queue} -->|{binding}| p_{family}")
             for binding, dst in p.outputs.items():
-                lines.append(f"  p_{p.id} -->|{binding}| q_{dst.queue}")
+                lines.append(f"  p_{family} -->|{binding}| q_{dst.queue}")
             err = self.error_queue_of(p)
             if err:
-                lines.append(f"  p_{p.id} -.->|errors| q_{err}")
+                lines.append(f"  p_{family} -.->|errors| q_{err}")
         return "\n".join(lines)
 
 
@@ -230,8 +277,13 @@ def validate_graph(graph: Graph) -> None:
         if name not in graph.queues:
             raise GraphError(f"graph {graph.name!r}: error queue {name!r} is not a declared queue", queue=name)
     for p in graph.processors.values():
-        validate_name(p.id, kind="processor")
+        validate_processor_id(p.id)
         where = f"processor {p.id!r} ({p.kind.value})"
+        if any(i.partition == ALL_PARTITIONS for i in p.inputs.values()) or any(
+                o.partition == SAME_PARTITION for o in p.outputs.values()):
+            raise GraphError(f"{where}: its bindings are not resolved to partitions; make graphs with "
+                             "Graph.build (it expands every-partition bindings into lanes)",
+                             processor=p.id)
         if not _count_ok(len(p.inputs), _INPUTS[p.kind]):
             raise GraphError(f"{where}: has {len(p.inputs)} input binding(s); a {p.kind.value} takes "
                              f"{_bounds_text(_INPUTS[p.kind])}", processor=p.id)
@@ -257,11 +309,11 @@ def validate_graph(graph: Graph) -> None:
             key = (dst.queue, None if dst.partition_column else dst.partition)
             _check_distinct_outputs(p, binding, dst, where)
             other = writers.get(key) or writers.get((dst.queue, None))
-            if other and other != p.id:
+            if other and other != (p.family or p.id):  # a processor's lanes are one writer
                 raise GraphError(f"{where}: output {binding!r} writes {dst.queue!r}, which processor "
                                  f"{other!r} already writes; give each output queue one writer",
                                  processor=p.id, binding=binding)
-            writers[key] = p.id
+            writers[key] = p.family or p.id
         _check_signature(p, where)
         err = graph.error_queue_of(p)
         if err and err not in graph.queues:

@@ -17,6 +17,7 @@ from typing import Any
 from cues_platform.processing.errors import ProcessorFencedError
 from cues_platform.processing.events import EventSink, step_fields
 from cues_platform.processing.graph import Graph
+from cues_platform.processing.lanes import ALL_PARTITIONS, LANE_REFRESH_SECONDS, SAME_PARTITION
 from cues_platform.processing.sources import SourceStepper, is_source_like
 from cues_platform.processing.step import Hook, StepBase, StepResult
 from cues_platform.processing.strategies import make_stepper
@@ -63,17 +64,69 @@ class GraphRunner:
             from cues_platform.spark import get_spark
 
             spark = get_spark()
+        self._spark, self._resources, self._hook, self._only = spark, resources, hook, only
         self.steppers: dict[str, StepBase] = {}
-        for pid in graph.topological_order():
-            if only is not None and pid not in only:
-                continue
-            proc = graph.processors[pid]
-            kwargs = dict(graph=graph, processor=proc, lake=lake, spark=spark, resources=resources, hook=hook)
-            self.steppers[pid] = SourceStepper(**kwargs) if is_source_like(proc.kind) else make_stepper(**kwargs)
-        self.stats = {pid: ProcessorStats() for pid in self.steppers}
+        self.stats: dict[str, ProcessorStats] = {}
+        self._needs_recovery: set[str] = set()
+        self._lanes_checked = 0.0
+        self._add_steppers(graph)
         self.stop_event = threading.Event()
         self._recovered = False
-        self._needs_recovery: set[str] = set(self.steppers)
+
+    def _add_steppers(self, graph: Graph) -> None:
+        """Steppers for the processors (lanes) of ``graph`` this runner has none for yet, kept in
+        topological order; ``only`` names processors or lanes."""
+        steppers: dict[str, StepBase] = {}
+        for pid in graph.topological_order():
+            proc = graph.processors[pid]
+            if self._only is not None and pid not in self._only and proc.family not in self._only:
+                continue
+            if pid in self.steppers:
+                steppers[pid] = self.steppers[pid]
+                continue
+            kwargs = dict(graph=graph, processor=proc, lake=self.lake, spark=self._spark,
+                          resources=self._resources, hook=self._hook)
+            steppers[pid] = SourceStepper(**kwargs) if is_source_like(proc.kind) else make_stepper(**kwargs)
+            self.stats[pid] = ProcessorStats()
+            self._needs_recovery.add(pid)
+        self.graph, self.steppers = graph, steppers
+
+    def refresh_lanes(self, *, every: float = 0.0) -> list[str]:
+        """Lanes for partitions added to the queues of every-partition bindings since the graph
+        was built (``Queue.add_partitions``; processing/lanes.py); at most once per ``every``
+        seconds. Returns the ids of the lanes added."""
+        now = time.monotonic()
+        if now - self._lanes_checked < every:
+            return []
+        self._lanes_checked = now
+        partitions: dict[str, tuple[str, ...]] = {}
+        for p in self.graph.declared:
+            read_whole = [i.queue for i in p.inputs.values() if i.partition == ALL_PARTITIONS]
+            if not read_whole:
+                continue
+            for q in read_whole:
+                partitions.setdefault(q, self.lake.queue(q).partitions)
+            # an output written partition by partition gains the new partitions of the input, as
+            # Out(queue) promises ("the lane's partition"); existing partitions are never touched
+            for o in p.outputs.values():
+                if o.partition == SAME_PARTITION and o.partition_column is None:
+                    out = self.lake.queue(o.queue)
+                    missing = list(dict.fromkeys(x for q in read_whole for x in partitions[q]
+                                                 if x not in out.partitions))
+                    if missing:
+                        out.add_partitions(missing)
+                    partitions[o.queue] = out.partitions
+        graph = self.graph.with_lake_partitions(partitions)
+        if graph is self.graph:
+            return []
+        create_queues(graph, self.lake)
+        before = set(self.steppers)
+        self._add_steppers(graph)
+        added = [pid for pid in self.steppers if pid not in before]
+        for pid in added:
+            self.events("lane_added", {"processor": pid, "family": graph.processors[pid].family,
+                                       "partition": graph.processors[pid].lane})
+        return added
 
     def recover(self, pids: list[str] | None = None) -> None:
         for pid in pids or list(self.steppers):
@@ -116,6 +169,7 @@ class GraphRunner:
 
     def run_until_idle(self, *, max_steps: int | None = None) -> dict[str, ProcessorStats]:
         """Step every processor (upstream first) until none has work or ``max_steps`` is hit."""
+        self.refresh_lanes()
         if self._needs_recovery:
             self.recover([p for p in self.steppers if p in self._needs_recovery])
         total = 0
@@ -142,6 +196,8 @@ class GraphRunner:
             live = _live(self) if show_progress else None
             with live or _nullcontext():
                 while not self.stop_event.is_set():
+                    for pid in self.refresh_lanes(every=LANE_REFRESH_SECONDS):
+                        delays[pid], due[pid] = 0.01, 0.0
                     now = time.monotonic()
                     for pid in self.steppers:
                         if self.stop_event.is_set() or due[pid] > now:

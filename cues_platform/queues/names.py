@@ -29,6 +29,17 @@ def validate_name(name: object, *, kind: str = "queue") -> str:
     return name
 
 
+def validate_processor_id(value: object) -> str:
+    """Return ``value`` if it is a processor id: a name, or a lane's ``name.partition`` (one
+    processor over every partition of a queue runs one lane per partition:
+    ``cues_platform/processing/lanes.py``). Safe as a folder name: no '/', no '..'."""
+    family, dot, partition = value.partition(".") if isinstance(value, str) else (value, "", "")
+    validate_name(family, kind="processor")
+    if dot:
+        validate_partition(partition)
+    return value  # type: ignore[return-value]
+
+
 def validate_partition(partition: object) -> str:
     """Return ``partition`` if it is a legal partition (subject) name, else raise."""
     if not isinstance(partition, str) or not _PARTITION.fullmatch(partition) or ".." in partition:

@@ -26,7 +26,7 @@ from cues_platform.queues.integrity import (
     handle_is_current,
 )
 from cues_platform.queues.lake import MAX_ROWS_KEY, PARTITIONS_KEY, Lake
-from cues_platform.queues.names import validate_name, validate_partition
+from cues_platform.queues.names import validate_name, validate_partition, validate_processor_id
 from cues_platform.queues.schema import OFFSET, PARTITION, payload_schema_of
 
 if TYPE_CHECKING:
@@ -60,7 +60,8 @@ class Queue:
 
     def __init__(self, *, lake: Lake, name: str, uri: str | None = None) -> None:
         self.lake = lake
-        self.name = validate_name(name)
+        # a system queue (``uri`` given) may be a lane's backing queue: ``processor.partition``
+        self.name = validate_name(name) if uri is None else validate_processor_id(name)
         self.uri = uri or lake.queue_uri(name)
         self._lock = threading.RLock()
         self._dt = lake.open_table(self.uri, what=f"queue {name!r}")

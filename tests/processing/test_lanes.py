@@ -1,0 +1,143 @@
+"""One processor over every partition of a queue (processing/lanes.py): the graph's lanes, and
+exactly-once per partition through the runner, partitions added later included."""
+
+from __future__ import annotations
+
+import pytest
+from pyspark.sql import functions as F
+
+from cues_platform.audit import audit
+from cues_platform.processing import ERROR_SCHEMA, Graph, GraphError, In, Kind, Options, Out, Processor, QueueDef
+from cues_platform.processing.history import processor_history
+from cues_platform.processing.runner import GraphRunner
+from cues_platform.queues import Lake
+from tests.support import PAYLOAD, rows
+
+PARTS = ("0", "eu", "us")
+
+
+def fn(ctx, **frames):
+    return None
+
+
+def graph(*processors: Processor, queues: list[QueueDef] | None = None) -> Graph:
+    queues = queues or [QueueDef("orders", PAYLOAD, PARTS), QueueDef("enriched", PAYLOAD, PARTS),
+                        QueueDef("rates", PAYLOAD), QueueDef("all", PAYLOAD),
+                        QueueDef("other", PAYLOAD, ("a", "b")), QueueDef("errors", ERROR_SCHEMA)]
+    return Graph.build(name="g", queues=queues, processors=list(processors), error_queue="errors")
+
+
+# -- the graph -------------------------------------------------------------------------------------
+def test_every_partition_binding_gives_one_lane_per_partition():
+    g = graph(Processor("enrich", Kind.MAP, fn, {"o": In("orders")}, {"out": Out("enriched")}))
+    assert g.families == {"enrich": ["enrich", "enrich.eu", "enrich.us"]}
+    for lane, part in zip(g.lanes_of("enrich"), PARTS, strict=True):
+        assert (lane.family, lane.lane) == ("enrich", part)
+        assert lane.inputs["o"] == In("orders", part) and lane.outputs["out"] == Out("enriched", part)
+    assert "p_enrich[enrich<br/><i>map, exactly_once, 3 partitions</i>]" in g.mermaid()
+
+
+def test_a_named_partition_binding_is_read_by_every_lane_and_a_named_output_written_by_all():
+    g = graph(Processor("price", Kind.JOIN, fn, {"o": In("orders"), "r": In("rates", "0")},
+                        {"out": Out("all", "0")}))
+    lanes = g.lanes_of("price")
+    assert [(lane.inputs["o"].partition, lane.inputs["r"].partition) for lane in lanes] == [
+        ("0", "0"), ("eu", "0"), ("us", "0")]
+    assert {lane.outputs["out"] for lane in lanes} == {Out("all", "0")}  # one writer family
+
+
+def test_a_processor_without_lanes_keeps_its_id_and_writes_partition_0():
+    g = graph(Processor("one", Kind.MAP, fn, {"o": In("orders", "eu")}, {"out": Out("all")}))
+    (p,) = g.processors.values()
+    assert (p.id, p.family, p.lane, p.outputs["out"]) == ("one", "one", None, Out("all", "0"))
+
+
+def test_inputs_that_are_not_co_partitioned_are_refused():
+    with pytest.raises(GraphError, match=r"inputs 'o' \(queue 'orders', partitions \['0', 'eu', 'us'\]\) "
+                                         r"and 'x' \(queue 'other', partitions \['a', 'b'\]\) are not "
+                                         r"co-partitioned") as info:
+        graph(Processor("j", Kind.JOIN, fn, {"o": In("orders"), "x": In("other")}, {"out": Out("all")}))
+    assert (info.value.processor, info.value.binding) == ("j", "x")
+
+
+def test_an_output_without_the_lanes_partition_is_refused():
+    with pytest.raises(GraphError, match=r"output 'out' writes the partition of each lane to queue 'all', "
+                                         r"which does not declare partition 'eu'.*Out\('all', '0'\)"):
+        graph(Processor("m", Kind.MAP, fn, {"o": In("orders")}, {"out": Out("all")}))
+
+
+def test_two_processors_still_may_not_write_one_partition():
+    with pytest.raises(GraphError, match="which processor 'a' already writes"):
+        graph(Processor("a", Kind.MAP, fn, {"o": In("orders")}, {"out": Out("all", "0")}),
+              Processor("b", Kind.MAP, fn, {"r": In("rates")}, {"out": Out("all", "0")}))
+
+
+def test_lane_ids_are_safe_folder_names():
+    g = graph(Processor("enrich", Kind.MAP, fn, {"o": In("orders")}, {"out": Out("enriched")}))
+    for pid in g.processors:
+        assert "/" not in pid and ".." not in pid
+
+
+# -- the runner --------------------------------------------------------------------------------------
+def double(ctx, o):
+    return o.select((F.col("id") * 2).alias("id"), F.col("note"))
+
+
+def shop(batch: int = 4) -> Graph:
+    return graph(Processor("enrich", Kind.MAP, double, {"o": In("orders")}, {"out": Out("enriched")},
+                           options=Options(batch_size=batch)))
+
+
+def ids(lake: Lake, queue: str, part: str) -> list[int]:
+    t = lake.queue(queue).read_arrow(partition=part)
+    return t.sort_by("_offset")["id"].to_pylist()
+
+
+def test_each_partition_is_processed_exactly_once_by_its_own_lane(spark, lake):
+    runner = GraphRunner(graph=shop(), lake=lake, spark=spark)
+    orders = lake.queue("orders")
+    for i, part in enumerate(PARTS):
+        orders.append(rows(100 * i, 10), partition=part)
+    runner.run_until_idle()
+    for i, part in enumerate(PARTS):
+        assert ids(lake, "enriched", part) == [2 * (100 * i + k) for k in range(10)]
+    assert sorted(runner.stats) == ["enrich", "enrich.eu", "enrich.us"]
+    assert all(runner.stats[pid].steps == 3 for pid in runner.stats)  # 10 rows, batches of 4
+    hashes = set()
+    for pid in runner.stats:  # steps, snapshots and hashes of its own
+        history = processor_history(lake, pid)
+        assert [r.step for r in history] == [0, 1, 2]
+        hashes |= {r.hash for r in history}
+    assert len(hashes) == 9
+    report = audit(lake, graph=runner.graph)
+    assert report.ok, report.to_text()
+    assert sorted(report.processors) == ["enrich", "enrich.eu", "enrich.us"]
+
+
+def test_a_partition_added_later_gets_its_lane(spark, lake):
+    runner = GraphRunner(graph=shop(), lake=lake, spark=spark)
+    orders = lake.queue("orders")
+    orders.append(rows(0, 3), partition="eu")
+    runner.run_until_idle()
+    orders.add_partitions(["asia"])
+    orders.append(rows(500, 5), partition="asia")
+    runner.run_until_idle()
+    assert "enrich.asia" in runner.steppers
+    assert lake.queue("enriched").partitions == (*PARTS, "asia")  # the output gained it too
+    assert ids(lake, "enriched", "asia") == [1000, 1002, 1004, 1006, 1008]
+    # a new runner (a restart) over the declared graph finds the lane again and delivers nothing twice
+    again = GraphRunner(graph=shop(), lake=Lake(root=lake.root), spark=spark)
+    again.run_until_idle()
+    assert ids(lake, "enriched", "asia") == [1000, 1002, 1004, 1006, 1008]
+    assert audit(lake, graph=again.graph).ok
+
+
+def test_a_lake_written_by_a_single_partition_binding_is_continued():
+    """Migration: a processor that read partition "0" explicitly (the only way before lanes) is
+    the lane of partition "0" of the same processor reading every partition: same id, so the
+    same backing queue and positions."""
+    before = graph(Processor("enrich", Kind.MAP, fn, {"o": In("orders", "0")}, {"out": Out("enriched", "0")}))
+    after = graph(Processor("enrich", Kind.MAP, fn, {"o": In("orders")}, {"out": Out("enriched")}))
+    assert before.processors["enrich"].inputs == after.processors["enrich"].inputs
+    assert before.processors["enrich"].outputs == after.processors["enrich"].outputs
+
