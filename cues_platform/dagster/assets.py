@@ -33,6 +33,7 @@ from cues_platform.dagster.materialize import (
     ProcessorRunConfig,
     drive,
     fault_hook,
+    merge_lane_metadata,
     pending_delivery,
     queue_metadata,
     run_metadata,
@@ -119,7 +120,8 @@ def external_spec(graph: Graph, name: str, *, prefix: Sequence[str], group_name:
                   producers: Sequence[AssetKey] = ()) -> AssetSpec:
     """An external input queue; ``producers``: assets outside the graph that write it (lineage)."""
     qdef = graph.queues[name]
-    readers = sorted(p.id for p in graph.processors.values() if any(i.queue == name for i in p.inputs.values()))
+    readers = sorted({p.family or p.id for p in graph.processors.values()
+                      if any(i.queue == name for i in p.inputs.values())})
     return AssetSpec(
         queue_key(name, prefix),
         deps=list(producers),
@@ -207,22 +209,29 @@ def build_processor_asset(graph: Graph, proc: Processor, *, prefix: Sequence[str
         holder: dict[str, Any] = {}
         hook = fault_hook(config, pid, lambda: holder.get("stepper"))
         started = time.monotonic()
+        # the processor's lanes (one per partition of an every-partition binding; itself when
+        # it has none), those of partitions added since the graph was built included
         runner = GraphRunner(graph=graph, lake=lake, spark=spark, only=[pid], hook=hook,
                              resources=resources)
-        stepper = runner.steppers[pid]
-        holder["stepper"] = stepper
-        last = stepper.backing.last_record() if hasattr(stepper, "backing") else None
-        found = describe_record(last)
-        rolled = pending_delivery(lake, pid, last, home=home_of(proc))
+        runner.refresh_lanes()
         before = {q: lake.queue(q).end_offsets() for q in queues}
-        stopped = drive(runner, pid, config)
-        meta = run_metadata(graph, proc, runner, stopped, found, rolled, time.monotonic() - started)
-        stats = runner.stats[pid]
-        results = [r for r in stats.results if rolled or not r.recovered]
+        lanes: dict[str, dict[str, Any]] = {}
+        results = []
+        for lane_id, stepper in list(runner.steppers.items()):
+            holder["stepper"] = stepper
+            lane = runner.graph.processors[lane_id]
+            last = stepper.backing.last_record() if hasattr(stepper, "backing") else None
+            found = describe_record(last)
+            rolled = pending_delivery(lake, lane_id, last, home=home_of(lane))
+            stopped = drive(runner, lane_id, config)
+            lanes[lane_id] = run_metadata(runner.graph, lane, runner, stopped, found, rolled,
+                                          time.monotonic() - started)
+            results += [r for r in runner.stats[lane_id].results if rolled or not r.recovered]
+        meta = merge_lane_metadata(runner.graph, lanes)
         context.log.info(
             f"processor {pid}: {meta['cues/steps']} step(s), {meta['cues/rows_in']} row(s) in, "
             f"{meta['cues/rows_out']} out, {meta['cues/rows_to_errors']} to errors, "
-            f"{meta['cues/recovered_attempts']} rolled forward; stopped: {stopped}; "
+            f"{meta['cues/recovered_attempts']} rolled forward; stopped: {meta['cues/stopped']}; "
             f"lag {meta['cues/lag_total']}")
         err = graph.error_queue_of(proc)
         if err and err not in queues:

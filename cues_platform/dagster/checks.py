@@ -230,9 +230,10 @@ def build_processor_checks(graph: Graph, proc: Processor, *, prefix: Sequence[st
             if spec.name == OUTSIDE_PROTOCOL:
                 yield _outside_protocol_result(context, spec.asset_key, lake, q, graph.queues[q].contract, report)
                 continue
+            lanes = set(graph.families.get(pid, [pid]))  # its lanes (itself without lanes)
             mine = [v for v in report.violations if v.kind != NO_DELIVERY_HASH
-                    and (v.processor == pid or (q is not None and v.queue == q))]
-            summary = report.processors.get(pid)
+                    and (v.processor in lanes or (q is not None and v.queue == q))]
+            summaries = {lane: report.processors[lane] for lane in sorted(lanes) if lane in report.processors}
             meta: dict[str, Any] = {
                 "violations": len(mine),
                 "by_kind": {k: sum(v.kind == k for v in mine) for k in sorted({v.kind for v in mine})},
@@ -240,10 +241,15 @@ def build_processor_checks(graph: Graph, proc: Processor, *, prefix: Sequence[st
             }
             if mine:
                 meta["first_violations"] = "\n".join(v.to_text() for v in mine[:MAX_LISTED])
-            if summary is not None:
+            if len(summaries) == 1:
+                (summary,) = summaries.values()
                 meta["steps_delivered"] = summary.steps_delivered
                 meta["lag"] = summary.lag
                 meta["pending"] = summary.pending or "none"
+            elif summaries:  # by lane: the partition's steps, lag and pending attempt
+                meta["steps_delivered"] = sum(x.steps_delivered for x in summaries.values())
+                meta["lanes"] = {lane: {"steps_delivered": x.steps_delivered, "lag": x.lag,
+                                        "pending": x.pending or "none"} for lane, x in summaries.items()}
             yield AssetCheckResult(asset_key=spec.asset_key, check_name=EXACTLY_ONCE,
                                    passed=not mine, severity=AssetCheckSeverity.ERROR,
                                    metadata=meta)
@@ -341,8 +347,8 @@ def build_checks(graph: Graph, *, prefix: Sequence[str] = ()) -> list[Any]:
     from cues_platform.dagster.error_queues import error_queue_writers
 
     out = []
-    for pid in graph.topological_order():
-        c = build_processor_checks(graph, graph.processors[pid], prefix=prefix)
+    for pid in graph.family_order():
+        c = build_processor_checks(graph, graph.as_declared(pid), prefix=prefix)
         if c is not None:
             out.append(c)
     external = set(external_queues(graph))

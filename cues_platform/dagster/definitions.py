@@ -106,18 +106,19 @@ def build_definitions(
     externals = [external_spec(graph, q, prefix=prefix, group_name=group_name,
                                producers=(producers or {}).get(q, ()))
                  for q in external_queues(graph)]
-    assets = [build_processor_asset(graph, graph.processors[pid], prefix=prefix,
+    _check_function_assets(graph)
+    assets = [build_processor_asset(graph, graph.as_declared(pid), prefix=prefix,
                                     group_name=group_name, retry_policy=retry_policy,
                                     runner_resource_keys=user_keys)
-              for pid in graph.topological_order()]
+              for pid in graph.family_order()]
     external_names = set(external_queues(graph))
     errors = [error_queue_spec(graph, name, [k for pid in writers
-                                             for k in processor_keys(graph.processors[pid], prefix)],
+                                             for k in processor_keys(graph.as_declared(pid), prefix)],
                                key=queue_key(name, prefix), group_name=group_name)
               for name, writers in error_queue_writers(graph).items()
               if name not in external_names]  # read by a processor: already an external asset
     _check_unique_keys(graph, prefix, {s.key for s in [*externals, *errors]})
-    keys = [k for pid in graph.topological_order() for k in processor_keys(graph.processors[pid], prefix)]
+    keys = [k for pid in graph.family_order() for k in processor_keys(graph.as_declared(pid), prefix)]
     job = define_asset_job(all_job_name(graph), selection=AssetSelection.assets(*keys),
                            description=f"every processor asset of graph {graph.name!r}",
                            tags={"cues/graph": graph.name})
@@ -145,11 +146,26 @@ def _check_unique_keys(graph: Graph, prefix: tuple[str, ...], external: set) -> 
     from cues_platform.processing.errors import GraphError
 
     seen: dict[Any, str] = {k: "external or error queue" for k in external}
-    for pid in graph.topological_order():
-        for key in processor_keys(graph.processors[pid], prefix):
+    for pid in graph.family_order():
+        for key in processor_keys(graph.as_declared(pid), prefix):
             if key in seen:
                 raise GraphError(
                     f"graph {graph.name!r}: asset key {key.to_user_string()} of processor {pid!r} "
                     f"is also the key of {seen[key]}; rename the processor or the queue",
                     processor=pid)
             seen[key] = f"processor {pid!r}"
+
+
+def _check_function_assets(graph: Graph) -> None:
+    """A ``@processor_asset`` is one step per materialization: of one lane. Over every partition
+    of a queue (several lanes) it is refused here, in one line, rather than stepping one lane."""
+    from cues_platform.processing.errors import GraphError
+
+    for family, lanes in graph.families.items():
+        proc = graph.processors[lanes[0]]
+        if proc.asset_body is AssetBody.FUNCTION and len(lanes) > 1:
+            raise GraphError(
+                f"processor {family!r} (@processor_asset) reads every partition of its input "
+                f"({len(lanes)} lanes: {', '.join(lanes)}); the function face runs one step of one "
+                "partition per materialization: bind one partition (In(queue, 'p')) or write it "
+                "as a Processor (the runner face steps every lane)", processor=family)

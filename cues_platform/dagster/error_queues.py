@@ -23,8 +23,8 @@ from cues_platform.queues import Lake
 def error_queue_writers(graph: Graph) -> dict[str, list[str]]:
     """``{error queue: [processor ids that write it]}`` in topological order."""
     out: dict[str, list[str]] = {}
-    for pid in graph.topological_order():
-        err = graph.error_queue_of(graph.processors[pid])
+    for pid in graph.family_order():
+        err = graph.error_queue_of(graph.as_declared(pid))
         if err:
             out.setdefault(err, []).append(pid)
     return out

@@ -88,9 +88,10 @@ def fault_hook(config: FaultConfig, processor_id: str,
 
 
 def drive(runner: GraphRunner, pid: str, config: ProcessorRunConfig) -> str:
-    """Recovery, then ``step_once`` until drained or a bound is hit; returns why it stopped."""
+    """Recovery of ``pid``, then ``step_once`` until drained or a bound is hit; returns why it
+    stopped. The bounds hold per lane (each partition of an every-partition binding)."""
     started = time.monotonic()
-    runner.recover()
+    runner.recover([pid])
     steps = rows = 0
     while True:
         if config.max_steps is not None and steps >= config.max_steps:
@@ -159,6 +160,33 @@ def run_metadata(graph: Graph, proc: Processor, runner: GraphRunner, stopped: st
     results = [r for r in stats.results if rolled_forward or not r.recovered]
     return step_metadata(graph, proc, lake=runner.lake, stepper=runner.steppers[proc.id],
                          results=results, stopped=stopped, found=found, elapsed=elapsed)
+
+
+SUMMED = ("cues/steps", "cues/rows_in", "cues/rows_out", "cues/rows_to_errors",
+          "cues/recovered_attempts", "cues/lag_total")
+
+
+def merge_lane_metadata(graph: Graph, lanes: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """One materialization's metadata from its lanes' (``run_metadata`` each): a processor
+    without lanes keeps its own; otherwise counters are summed, ``cues/lag`` and
+    ``cues/input_ranges`` (keyed by queue/partition) merged, and ``cues/partitions`` holds each
+    lane's lag, steps, last step and hash by partition."""
+    if len(lanes) == 1:
+        return dict(next(iter(lanes.values())))
+    metas = list(lanes.values())
+    meta: dict[str, Any] = {k: sum(m[k] for m in metas) for k in SUMMED}
+    meta["cues/outcomes"] = {k: sum(m["cues/outcomes"][k] for m in metas) for k in ("output", "error", "nil")}
+    meta["cues/lag"] = {k: v for m in metas for k, v in m["cues/lag"].items()}
+    meta["cues/input_ranges"] = {k: v for m in metas for k, v in m["cues/input_ranges"].items()}
+    meta["cues/seconds"] = max(m["cues/seconds"] for m in metas)
+    stops = sorted({m["cues/stopped"] for m in metas})
+    meta["cues/stopped"] = stops[0] if len(stops) == 1 else ", ".join(stops)
+    meta["cues/partitions"] = {
+        graph.processors[lane].lane or "0": {
+            "processor": lane, "lag": m["cues/lag_total"], "steps": m["cues/steps"],
+            "last_step": m.get("cues/last_step"), "last_delivery_hash": m.get("cues/last_delivery_hash")}
+        for lane, m in lanes.items()}
+    return meta
 
 
 def step_metadata(graph: Graph, proc: Processor, *, lake: Any, stepper: Any,

@@ -218,10 +218,10 @@ def build_recovery_sensor(graph: Graph, *, prefix: Sequence[str] = (), max_attem
 def build_sensors(graph: Graph, *, prefix: Sequence[str] = (), minimum_interval_seconds: int = 30,
                   max_recovery_attempts: int = 3,
                   default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING) -> list[Any]:
-    out = [build_new_data_sensor(graph, graph.processors[pid], prefix=prefix,
+    out = [build_new_data_sensor(graph, graph.as_declared(pid), prefix=prefix,
                                  minimum_interval_seconds=minimum_interval_seconds,
                                  default_status=default_status)
-           for pid in graph.topological_order() if graph.processors[pid].inputs]
+           for pid in graph.family_order() if graph.as_declared(pid).inputs]
     out.append(build_recovery_sensor(graph, prefix=prefix, max_attempts=max_recovery_attempts,
                                      minimum_interval_seconds=minimum_interval_seconds,
                                      default_status=default_status))

@@ -192,6 +192,28 @@ class Graph:
                              f"{sorted(self.families)})", processor=family)
         return lanes
 
+    def family_order(self) -> list[str]:
+        """The processors as declared (lanes folded into their processor), upstream first."""
+        out: list[str] = []
+        for pid in self.topological_order():
+            family = self.processors[pid].family or pid
+            if family not in out:
+                out.append(family)
+        return out
+
+    def as_declared(self, family: str) -> Processor:
+        """Processor ``family`` as one unit (what Dagster shows as one asset): itself when it has
+        one lane of its own id, else its first lane under the declared id, with its every-partition
+        bindings shown as ``In(queue, "*")``."""
+        lanes = self.lanes_of(family)
+        first = lanes[0]
+        if len(lanes) == 1 and first.id == family:
+            return first
+        declared = next((p for p in self.declared if p.id == family), None)
+        inputs = {b: (declared.inputs[b] if declared is not None and b in declared.inputs else i)
+                  for b, i in first.inputs.items()}
+        return replace(first, id=family, inputs=inputs, lane=None)
+
     def with_lake_partitions(self, partitions: Mapping[str, Sequence[str]]) -> Graph:
         """This graph over queues that gained partitions in the lake (``{queue: partitions}``,
         e.g. after ``Queue.add_partitions``): the new partitions of queues read by an

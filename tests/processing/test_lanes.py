@@ -7,7 +7,17 @@ import pytest
 from pyspark.sql import functions as F
 
 from cues_platform.audit import audit
-from cues_platform.processing import ERROR_SCHEMA, Graph, GraphError, In, Kind, Options, Out, Processor, QueueDef
+from cues_platform.processing import (
+    ERROR_SCHEMA,
+    Graph,
+    GraphError,
+    In,
+    Kind,
+    Options,
+    Out,
+    Processor,
+    QueueDef,
+)
 from cues_platform.processing.history import processor_history
 from cues_platform.processing.runner import GraphRunner
 from cues_platform.queues import Lake
