@@ -24,12 +24,22 @@ def describe_backing(lake: Lake, processor: str, *, last: int | None = 20) -> li
     backing queue."""
     check_lake(lake)
     known = backing_folders(lake)
+    lanes = sorted(k for k in known if k.startswith(f"{processor}."))
+    if lanes:  # a processor over every partition: each lane (partition) in turn
+        own = [processor] if processor in known else []
+        return [line for lane in [*own, *lanes]
+                for line in [f"lane {lane} (partition {lane.partition('.')[2] or '0'}):",
+                             *(f"  {x}" for x in _describe_one(lake, lane, last=last))]]
     if processor not in known:
         raise NoSuchProcessorError(
             f"no backing queue for processor {processor!r} in lake {lake.root} (processors with "
             f"one: {', '.join(known) or 'none'}); only exactly-once processors have one",
             processor=processor,
         )
+    return _describe_one(lake, processor, last=last)
+
+
+def _describe_one(lake: Lake, processor: str, *, last: int | None) -> list[str]:
     uri = backing_uri(lake, processor)
     queue = open_checked(lake, processor, uri=uri, table=f"backing/{processor}")
     try:

@@ -3,10 +3,14 @@ exactly-once per partition through the runner, partitions added later included."
 
 from __future__ import annotations
 
+import tarfile
+
 import pytest
+from click.testing import CliRunner
 from pyspark.sql import functions as F
 
 from cues_platform.audit import audit
+from cues_platform.cli import main
 from cues_platform.processing import (
     ERROR_SCHEMA,
     Graph,
@@ -21,9 +25,10 @@ from cues_platform.processing import (
 from cues_platform.processing.history import processor_history
 from cues_platform.processing.runner import GraphRunner
 from cues_platform.queues import Lake
-from tests.support import PAYLOAD, rows
+from tests.support import PAYLOAD, ROOT, rows
 
 PARTS = ("0", "eu", "us")
+FIXTURES = ROOT / "tests" / "fixtures"
 
 
 def fn(ctx, **frames):
@@ -122,6 +127,13 @@ def test_each_partition_is_processed_exactly_once_by_its_own_lane(spark, lake):
     report = audit(lake, graph=runner.graph)
     assert report.ok, report.to_text()
     assert sorted(report.processors) == ["enrich", "enrich.eu", "enrich.us"]
+    # `cues backing show enrich`: each lane in turn
+    shown = CliRunner().invoke(main, ["backing", "show", "enrich", "--lake", lake.root])
+    assert shown.exit_code == 0, shown.output
+    headers = [line for line in shown.output.splitlines() if line.startswith("lane ")]
+    assert headers == ["lane enrich (partition 0):", "lane enrich.eu (partition eu):",
+                       "lane enrich.us (partition us):"]
+    assert "  step 2: reads orders/eu [8, 10)" in shown.output
 
 
 def test_a_partition_added_later_gets_its_lane(spark, lake):
@@ -142,12 +154,29 @@ def test_a_partition_added_later_gets_its_lane(spark, lake):
     assert audit(lake, graph=again.graph).ok
 
 
-def test_a_lake_written_by_a_single_partition_binding_is_continued():
-    """Migration: a processor that read partition "0" explicitly (the only way before lanes) is
-    the lane of partition "0" of the same processor reading every partition: same id, so the
-    same backing queue and positions."""
-    before = graph(Processor("enrich", Kind.MAP, fn, {"o": In("orders", "0")}, {"out": Out("enriched", "0")}))
-    after = graph(Processor("enrich", Kind.MAP, fn, {"o": In("orders")}, {"out": Out("enriched")}))
-    assert before.processors["enrich"].inputs == after.processors["enrich"].inputs
-    assert before.processors["enrich"].outputs == after.processors["enrich"].outputs
-
+def test_a_lake_written_before_lanes_is_continued_by_every_partition(spark, tmp_path):
+    """Migration: tests/fixtures/pre_lanes_lake.tar.gz was written by the code before lanes
+    (commit a0ffb93; tests/fixtures/make_pre_lanes_lake.py): ``enrich`` read partition "0"
+    explicitly, 3 steps. Reading every partition now, its lane of partition "0" is the same
+    processor (same id, backing queue and positions): it goes on at step 3 and delivers nothing
+    twice; partition "eu" gets a new lane that starts at offset 0."""
+    with tarfile.open(FIXTURES / "pre_lanes_lake.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    lake = Lake(root=str(tmp_path / "lake"))
+    assert ids(lake, "enriched", "0") == [2 * k for k in range(10)]  # what the old code wrote
+    graph = Graph.build(
+        name="shop",
+        queues=[QueueDef("orders", PAYLOAD, ("0", "eu")), QueueDef("enriched", PAYLOAD, ("0", "eu")),
+                QueueDef("errors", ERROR_SCHEMA)],
+        processors=[Processor("enrich", Kind.MAP, double, {"o": In("orders")}, {"out": Out("enriched")},
+                              options=Options(batch_size=4))],
+        error_queue="errors")
+    lake.queue("orders").append(rows(10, 2), partition="0")
+    runner = GraphRunner(graph=graph, lake=lake, spark=spark)
+    runner.run_until_idle()
+    assert ids(lake, "enriched", "0") == [2 * k for k in range(12)]
+    assert ids(lake, "enriched", "eu") == [2 * k for k in range(100, 105)]
+    assert [r.step for r in processor_history(lake, "enrich")] == [0, 1, 2, 3]
+    assert [r.step for r in processor_history(lake, "enrich.eu")] == [0, 1]
+    report = audit(lake, graph=graph)
+    assert report.ok, report.to_text()
