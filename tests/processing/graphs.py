@@ -145,6 +145,32 @@ def build_graph(kind: str, outcome: str = "output", *, batch: int = BATCH, error
                        error_queue="errors" if error_queue else None)
 
 
+LANE_SHIFT = 1_000  # ids of partition "x" of the lanes graph: the same rows, shifted
+
+
+def build_lanes_graph(kind: str, outcome: str = "output", *, batch: int = BATCH) -> Graph:
+    """``build_graph``'s processor over every partition of queues with partitions "0" and "x":
+    lanes ``p`` and ``p.x`` (processing/lanes.py)."""
+    one = build_graph(kind, outcome, batch=batch)
+    queues = [q if q.name == "errors" else QueueDef(q.name, q.schema, ("0", "x")) for q in one.queues.values()]
+    return Graph.build(name=one.name, queues=queues, processors=list(one.declared), error_queue="errors")
+
+
+def load_lane_inputs(lake: Lake, kind: str, n: int = N) -> None:
+    load_inputs(lake, kind, n)
+    lake.queue("a").append(rows(LANE_SHIFT, n), partition="x")
+    if kind in ("join", "alts"):
+        lake.queue("c").append(rows(LANE_SHIFT + C_BASE, n), partition="x")
+
+
+def check_lanes_exact(lake: Lake, kind: str, outcome: str) -> None:
+    """``check_exact`` for each lane of ``build_lanes_graph``, and the sink's effects of both."""
+    ex = expected(kind, outcome)
+    sink = None if ex.sink is None else sorted([*ex.sink, *(i + 2 * LANE_SHIFT for i in ex.sink)])
+    check_exact(lake, kind, outcome, sink_ids=sink)
+    check_exact(lake, kind, outcome, pid=f"{PID}.x", partition="x", shift=LANE_SHIFT, sink_ids=sink)
+
+
 def load_inputs(lake: Lake, kind: str, n: int = N) -> None:
     """Append the inputs (queues must exist: create a GraphRunner first or call create_queues)."""
     lake.queue("a").append(rows(0, n), partition="0")
@@ -186,8 +212,8 @@ def expected(kind: str, outcome: str, *, n: int = N, batch: int = BATCH) -> Expe
     return ex
 
 
-def ids_of(lake: Lake, queue: str) -> list[int]:
-    return sorted(lake.queue(queue).read_arrow(partition="0")["id"].to_pylist())
+def ids_of(lake: Lake, queue: str, partition: str = "0") -> list[int]:
+    return sorted(lake.queue(queue).read_arrow(partition=partition)["id"].to_pylist())
 
 
 def sink_rows(lake: Lake) -> pa.Table | None:
@@ -224,17 +250,25 @@ def check_backing(lake: Lake, pid: str = PID, *, kind: str | None = None) -> dic
     return {a.step: a for a in attempts}
 
 
+# the factor a kind's function applies to ids, per output queue (shifted inputs shift by it)
+FACTOR = {"b": 2, "d": 3}
+
+
 def check_exact(lake: Lake, kind: str, outcome: str, *, n: int = N, batch: int = BATCH,
-                pid: str = PID, legacy: bool = False) -> dict[int, Any]:
+                pid: str = PID, legacy: bool = False, partition: str = "0", shift: int = 0,
+                sink_ids: list[int] | None = None) -> dict[int, Any]:
     """Exact contents: outputs, errors, side effects, and their hashes against the step history
-    (``legacy``: its first steps were written by the previous protocol, with snapshot records)."""
+    (``legacy``: its first steps were written by the previous protocol, with snapshot records).
+    Lanes (``partition``, ``pid`` the lane, ``shift`` added to its input ids): the lane's output
+    partition and its own error rows; ``sink_ids`` every lane's side effects together."""
     ex = expected(kind, outcome, n=n, batch=batch)
     attempts = check_backing(lake, pid, kind=None if legacy else kind)
     for q, ids in ex.queues.items():
-        assert ids_of(lake, q) == ids, f"queue {q!r} differs from the expected rows"
+        want = [i + FACTOR.get(q, 1) * shift for i in ids]
+        assert ids_of(lake, q, partition) == want, f"queue {q!r}/{partition} differs from the expected rows"
     # Every output row carries the hash of a step whose attempt says it wrote that many rows there.
     for q in ex.queues:
-        table = lake.queue(q).read_arrow(partition="0")
+        table = lake.queue(q).read_arrow(partition=partition)
         per_hash = Counter(table["_delivery_hash"].to_pylist())
         by_hash = {a.hash: a for a in attempts.values()}
         for h, count in per_hash.items():
@@ -246,7 +280,8 @@ def check_exact(lake: Lake, kind: str, outcome: str, *, n: int = N, batch: int =
                           key=lambda a: a.step)
     assert len(err_attempts) == ex.errors
     if lake.has_queue("errors"):
-        errors = lake.queue("errors").read_arrow(partition="0").to_pylist()
+        errors = [e for e in lake.queue("errors").read_arrow(partition="0").to_pylist()
+                  if e["processor"] == pid]
         got = sorted((e["processor"], e["step"], e["_delivery_hash"]) for e in errors)
         assert got == [(pid, a.step, a.hash) for a in err_attempts]
         spans = sorted((q, s, e) for row in errors for (q, _p, s, e) in json.loads(row["inputs"]).values()
@@ -257,8 +292,8 @@ def check_exact(lake: Lake, kind: str, outcome: str, *, n: int = N, batch: int =
     if ex.sink is not None:
         table = sink_rows(lake)
         got_ids = [] if table is None else sorted(table["id"].to_pylist())
-        assert got_ids == ex.sink, "sink side effects are not exactly once"
-        if table is not None:
+        assert got_ids == (ex.sink if sink_ids is None else sink_ids), "sink side effects are not exactly once"
+        if table is not None and sink_ids is None:
             hashes = {a.hash for a in attempts.values() if a.type is RecordType.ATTEMPT_NIL}
             assert set(table["hash"].to_pylist()) <= hashes
     # Nothing staged is left behind once the steps are delivered.
