@@ -18,6 +18,11 @@ class GraphError(ProcessingError):
     """A graph is invalid: names the processor and the binding at fault."""
 
 
+class LaneMigrationError(GraphError):
+    """A processor now reads every partition, but its id has a history in the lake from its
+    previous bindings: its lanes, new processors, would deliver that input again."""
+
+
 class GraphLoadError(ProcessingError):
     """A graph reference (``module:attr`` / ``file.py:attr``) cannot be resolved to a Graph."""
 

@@ -17,7 +17,12 @@ from typing import Any
 from cues_platform.processing.errors import ProcessorFencedError
 from cues_platform.processing.events import EventSink, step_fields
 from cues_platform.processing.graph import Graph
-from cues_platform.processing.lanes import ALL_PARTITIONS, LANE_REFRESH_SECONDS, SAME_PARTITION
+from cues_platform.processing.lanes import (
+    ALL_PARTITIONS,
+    LANE_REFRESH_SECONDS,
+    SAME_PARTITION,
+    refuse_unadopted_history,
+)
 from cues_platform.processing.sources import SourceStepper, is_source_like
 from cues_platform.processing.step import Hook, StepBase, StepResult
 from cues_platform.processing.strategies import make_stepper
@@ -60,6 +65,7 @@ class GraphRunner:
         # what the runner does, event by event (processing/events.py); None: nothing emitted
         self.events: EventSink = events or (lambda _event, _fields: None)
         create_queues(graph, lake)
+        refuse_unadopted_history(graph, lake)
         if spark is None:
             from cues_platform.spark import get_spark
 

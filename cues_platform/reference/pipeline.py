@@ -42,7 +42,6 @@ import dataclasses
 import random
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from functools import reduce
 from typing import Any
 
 import pyarrow as pa
@@ -113,15 +112,15 @@ def business_contracts() -> dict[str, Any]:
 
 
 # -- intake (alts) ----------------------------------------------------------------------------------
-def intake(ctx: Any, **postings: Any) -> pa.Table:
-    """Merge every subject of POSTINGS into the clearing lane (one subject per step, round robin);
-    keep each posting's subject and offset as ``posting_partition`` / ``posting_offset``."""
+def intake(ctx: Any, postings: Any) -> pa.Table:
+    """Copy POSTINGS (partitioned by the receiving participant) into the one clearing lane,
+    keeping each posting's subject and offset as ``posting_partition`` / ``posting_offset``. It
+    reads every partition: one lane per participant, each with its own steps and positions
+    (processing/lanes.py), all writing partition "0" of ``instructions``."""
     from pyspark.sql import functions as F
 
-    chosen = [b for b, r in ctx.inputs.items() if r.size] or list(postings)  # the alts binding
-    merged = reduce(lambda a, b: a.unionByName(b), [postings[b] for b in chosen])
-    return _in_lane_order(merged.select(F.col("_partition").alias("posting_partition"),
-                                        F.col("_offset").alias("posting_offset"), *m.POSTINGS.names, "_offset"))
+    return _in_lane_order(postings.select(F.col("_partition").alias("posting_partition"),
+                                          F.col("_offset").alias("posting_offset"), *m.POSTINGS.names, "_offset"))
 
 
 def _in_lane_order(frame: Any) -> pa.Table:
@@ -355,7 +354,6 @@ def payments_graph(*, batch_size: int = DEFAULT_BATCH, fx_seed: int = 11,
     """The reference payments graph (queues, processors, options)."""
     opts = Options(batch_size=batch_size)
     spark_contracts = business_contracts()
-    bindings = {p.replace("-", "_"): In("postings", p) for p in participants}
     return Graph.build(
         name=GRAPH_NAME,
         queues=[
@@ -372,8 +370,8 @@ def payments_graph(*, batch_size: int = DEFAULT_BATCH, fx_seed: int = 11,
         ],
         processors=[
             Processor("fx", Kind.SOURCE, make_fx(fx_seed), outputs={"rates": Out("fx_rates")}, options=opts),
-            Processor("intake", Kind.ALTS, intake, bindings, {"instructions": Out("instructions")},
-                      error_queue="errors", options=opts),
+            Processor("intake", Kind.MAP, intake, {"postings": In("postings")},
+                      {"instructions": Out("instructions", "0")}, error_queue="errors", options=opts),
             # declared on its function (@processor_asset): in Dagster its asset body is `parse`,
             # one step per materialization; the others run on the platform's runner
             dataclasses.replace(parse, options=opts),

@@ -45,7 +45,8 @@ def test_usage_producers_transactions_tailers(spark: Any, chdir_tmp: Path,
 
 
 def test_processor_example(spark: Any, chdir_tmp: Path, exec_block: Callable[..., dict]) -> None:
-    """`convert` multiplies the amounts of postings/bank-a by 1.1 into `converted`, exactly once.
+    """`convert` multiplies the amounts of every partition of postings by 1.1 into the same
+    partition of `converted`, exactly once, one lane per partition.
 
     Fails on main: the input frame carries the queue's `_` metadata columns, so the returned frame
     is refused with ReservedColumnError and every batch lands in `errors` (issue 9, item 4).
@@ -56,8 +57,10 @@ def test_processor_example(spark: Any, chdir_tmp: Path, exec_block: Callable[...
     assert errors.num_rows == 0, (
         f"the README's processor sent {errors.num_rows} batch(es) to the error queue: "
         f"{errors.select(['exception_type', 'message']).to_pylist()}")
-    converted = [(m, a) for m, a, _ in _payload(lake, "converted", "0")]
-    assert converted == [("m2", pytest.approx(1.1)), ("m3", pytest.approx(5.5))]
+    converted = {p: [(m, a) for m, a, _ in _payload(lake, "converted", p)] for p in ("bank-a", "bank-b")}
+    assert converted["bank-a"] == [("m2", pytest.approx(1.1)), ("m3", pytest.approx(5.5))]
+    assert converted["bank-b"] == [("m1", pytest.approx(11.0))]  # sent twice, stored once
+    assert sorted(ns["graph"].processors) == ["convert.bank-a", "convert.bank-b"]
     # "recovery, then steps until drained": running again delivers nothing twice
     ns["GraphRunner"](graph=ns["graph"], lake=ns["lake"]).run_until_idle()
-    assert [(m, a) for m, a, _ in _payload(lake, "converted", "0")] == converted
+    assert {p: [(m, a) for m, a, _ in _payload(lake, "converted", p)] for p in converted} == converted

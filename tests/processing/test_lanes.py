@@ -22,6 +22,7 @@ from cues_platform.processing import (
     Processor,
     QueueDef,
 )
+from cues_platform.processing.errors import LaneMigrationError
 from cues_platform.processing.history import processor_history
 from cues_platform.processing.runner import GraphRunner
 from cues_platform.queues import Lake
@@ -180,3 +181,20 @@ def test_a_lake_written_before_lanes_is_continued_by_every_partition(spark, tmp_
     assert [r.step for r in processor_history(lake, "enrich.eu")] == [0, 1]
     report = audit(lake, graph=graph)
     assert report.ok, report.to_text()
+
+
+def test_a_processor_that_read_named_partitions_is_not_silently_restarted_as_lanes(spark, lake):
+    """An alts over orders/eu and orders/us rewritten as one map over every partition: lanes
+    enrich.eu and enrich.us would start at offset 0 and deliver again. The runner refuses before
+    any step, naming what was read and the way out; the lake is unchanged."""
+    old = graph(Processor("enrich", Kind.ALTS, lambda ctx, eu, us: (eu if ctx.inputs["eu"].size else us),
+                          {"eu": In("orders", "eu"), "us": In("orders", "us")}, {"out": Out("all", "0")}))
+    GraphRunner(graph=old, lake=lake, spark=spark)
+    lake.queue("orders").append(rows(0, 3), partition="eu")
+    GraphRunner(graph=old, lake=lake, spark=spark).run_until_idle()
+    before = lake.queue("all").count()
+    new = graph(Processor("enrich", Kind.MAP, fn, {"o": In("orders")}, {"out": Out("all", "0")}))
+    with pytest.raises(LaneMigrationError, match=r"already read orders/eu \(lane enrich.eu\), orders/us "
+                                                 r"\(lane enrich.us\).*fresh lake") as info:
+        GraphRunner(graph=new, lake=lake, spark=spark)
+    assert info.value.processor == "enrich" and lake.queue("all").count() == before == 3
