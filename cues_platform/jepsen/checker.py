@@ -11,10 +11,16 @@ is visible iff the coordinator table holds a decision row (``action == "committe
 decisions, or whose queue marker (the app transaction ``txn:{id}``: 1 committed, 2 aborted)
 disagrees with the coordinator, is a violation.
 
+Every key queue has two partitions and every processor runs as two lanes (``validate`` reads
+and writes partition "0", ``validate.1`` partition "1"; :mod:`~cues_platform.jepsen.workload`
+states the naming rule): offsets are keyed by (partition, offset), and a processor named in a
+row (an error row's ``processor``, a sink row's lane) is any lane of it.
+
 Checks (each PASS/FAIL with examples):
 
-1. ``dense_offsets``: every queue (and backing queue) has offsets 0..n-1 per partition, no gap,
-   no duplicate, and its ``part:{partition}`` app transaction (when present) says n.
+1. ``dense_offsets``: every queue (and backing queue, one per lane) has offsets 0..n-1 per
+   partition, no gap, no duplicate, and its ``part:{partition}`` app transaction (when present)
+   says n.
 2. ``read_committed``: decisions are consistent; no key of an aborted transaction is visible,
    and no invisible key reached any processor's output or the sink.
 3. ``acknowledged``: every acknowledged key is visible in the inputs; every visible input key is
@@ -22,17 +28,21 @@ Checks (each PASS/FAIL with examples):
 4. ``exactly_once``: every visible input key is in ``merged`` once; then either exactly once in
    each downstream queue and the sink table, or (rejected with its batch) in exactly one error
    row and nowhere downstream; never both, never missing.
-5. ``error_rows``: every error row was written by the rejecting processor with the user's
-   exception, for an input range that holds at least one key the user's rule rejects.
+5. ``error_rows``: every error row was written by a lane of the rejecting processor with the
+   user's exception, for an input range that holds at least one key the user's rule rejects.
 6. ``sink_once``: the sink table's rows each carry a delivery hash and no key twice (the counts
    are part of check 4).
+7. ``lanes``: every key is in the partition its feeder sent it to, in every key queue (so each
+   lane read and wrote its own partition); every sink row was applied by the ``store`` lane of
+   that partition; every error row's input ranges are in the partition of the lane that wrote
+   it.
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,12 +64,13 @@ class Expectation:
     acked: frozenset[str]
     aborted_keys: frozenset[str]
     known_keys: frozenset[str]
+    partition_of: Mapping[str, str]  # every planned key (aborted ones too) -> its partition
     is_rejected: Callable[[str], bool] = w.is_rejected
 
     @classmethod
     def from_run(cls, plan: w.Plan, run_dir: str | Path) -> Expectation:
         return cls(acked=frozenset(w.acked_keys(plan, run_dir)), aborted_keys=plan.aborted_keys,
-                   known_keys=plan.all_keys)
+                   known_keys=plan.all_keys, partition_of=plan.partition_of)
 
 
 @dataclass
@@ -211,11 +222,51 @@ def _error_rows(root: Path) -> list[dict]:
     return [] if table is None else table.to_pylist()
 
 
-def _keys_by_offset(root: Path, queue: str) -> dict[int, str]:
-    table = _read(_key_queue(root, queue), ["key", "_offset"])
+def _keys_by_offset(root: Path, queue: str) -> dict[tuple[str, int], str]:
+    """(partition, offset) -> key of every row of ``queue`` (an offset is per partition)."""
+    table = _read(_key_queue(root, queue), ["key", "_partition", "_offset"])
     if table is None:
         return {}
-    return dict(zip(table["_offset"].to_pylist(), table["key"].to_pylist(), strict=True))
+    return dict(zip(zip(table["_partition"].to_pylist(), table["_offset"].to_pylist(), strict=True),
+                    table["key"].to_pylist(), strict=True))
+
+
+def check_lanes(root: Path, expectation: Expectation, sink: pa.Table | None,
+                error_rows: list[dict]) -> CheckResult:
+    """Check 7: keys stay in their feeder's partition through every lane."""
+    result = CheckResult("lanes")
+    for queue in w.KEY_QUEUES:
+        table = _read(_key_queue(root, queue), ["key", "_partition", "_offset"])
+        if table is None:
+            continue
+        for key, part, off in zip(table["key"].to_pylist(), table["_partition"].to_pylist(),
+                                  table["_offset"].to_pylist(), strict=True):
+            result.checked += 1
+            want = expectation.partition_of.get(key)
+            if want is not None and part != want:  # a key of no plan: check 3 names it
+                result.fail(f"{queue}: key {key} is in partition {part!r} (offset {off}) but its "
+                            f"feeder sent it to partition {want!r}")
+    if sink is not None:
+        lanes = (sink[w.SINK_LANE_COLUMN].to_pylist() if w.SINK_LANE_COLUMN in sink.column_names
+                 else [None] * sink.num_rows)
+        for key, lane in zip(sink["key"].to_pylist(), lanes, strict=True):
+            result.checked += 1
+            want = expectation.partition_of.get(key)
+            if not lane:
+                result.fail(f"sink row of key {key} names no lane (column {w.SINK_LANE_COLUMN!r})")
+            elif want is not None and lane != w.lane_id(w.SINK_PROCESSOR, want):
+                result.fail(f"sink row of key {key} was applied by {lane!r}, not by the "
+                            f"{w.SINK_PROCESSOR} lane of its partition {want!r} "
+                            f"({w.lane_id(w.SINK_PROCESSOR, want)!r})")
+    for row in error_rows:
+        lane, mine = row["processor"], w.lane_partition(row["processor"])
+        for binding, (queue, part, start, end) in json.loads(row["inputs"]).items():
+            result.checked += 1
+            if part != mine:
+                result.fail(f"error row at offset {row.get('_offset')} of lane {lane!r} (partition "
+                            f"{mine!r}): input {binding!r} covers {queue} partition {part!r} "
+                            f"[{start}, {end})")
+    return result
 
 
 def check_lake(root: str | Path, expectation: Expectation) -> CheckReport:
@@ -259,16 +310,18 @@ def check_lake(root: str | Path, expectation: Expectation) -> CheckReport:
     at = {q: _keys_by_offset(root, q) for q in (w.SRC_IDEM, w.SRC_TXN, w.MERGED, w.VALIDATED, w.LEFT, w.RIGHT)}
     covered: Counter[str] = Counter()  # keys rejected legitimately, with their batch
     lost_to: dict[str, str] = {}  # key -> the illegitimate error row that swallowed its batch
-    for row in _error_rows(root):
+    error_rows = _error_rows(root)
+    for row in error_rows:
         err.checked += 1
         what = (f"error row at offset {row.get('_offset')} ({row['processor']} step {row['step']}, "
                 f"{row['exception_type']})")
         keys: list[str] = []
         for spec in json.loads(row["inputs"]).values():
-            queue, _part, start, end = spec
-            keys += [at[queue][o] for o in range(start, end) if o in at.get(queue, {})]
-        legit = row["processor"] == w.REJECTING_PROCESSOR and row["exception_type"].endswith(
-            "." + w.REJECTED_EXCEPTION)
+            queue, part, start, end = spec
+            rows_at = at.get(queue, {})
+            keys += [rows_at[(part, o)] for o in range(start, end) if (part, o) in rows_at]
+        legit = row["processor"] in w.LANES and w.lane_family(row["processor"]) == w.REJECTING_PROCESSOR \
+            and row["exception_type"].endswith("." + w.REJECTED_EXCEPTION)
         if not legit:
             err.fail(f"{what}: not a rejection by the user's function; its batch of {len(keys)} "
                      f"key(s) is lost: {keys[:3]}")
@@ -324,7 +377,8 @@ def check_lake(root: str | Path, expectation: Expectation) -> CheckReport:
               "error_rows": err.checked, "keys_in_error_rows": len(errored),
               "enriched_rows": sum(downstream[w.ENRICHED].values()),
               "sink_rows": 0 if sink is None else sink.num_rows}
-    checks = [check_dense_offsets(root), rc, ack, once, err, sink_check]
+    lanes = check_lanes(root, expectation, sink, error_rows)
+    checks = [check_dense_offsets(root), rc, ack, once, err, sink_check, lanes]
     return CheckReport(checks=checks, counts=counts)
 
 

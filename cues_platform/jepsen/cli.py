@@ -26,7 +26,8 @@ import click
               help="Also resend batches inside transactions (a lost ack within a transaction).")
 def jepsen(seed: int | None, duration: float, keys: int, workdir: Path | None, lost_ack_rate: float,
            no_concurrent: bool, no_maintenance: bool, resend_in_txn: bool) -> None:
-    """Jepsen-style harness: `cues run` of a 5-processor graph under SIGKILL/SIGTERM, killed
+    """Jepsen-style harness: `cues run` of a 5-processor graph (two partitions per queue, two lanes
+    per processor) under SIGKILL/SIGTERM, killed
     feeders, lost acks, concurrent runners and racing maintenance; an independent checker reads the
     Delta tables. Exit 0 when every check passes, 1 otherwise."""
     from cues_platform.jepsen.run import HarnessConfig, run_harness

@@ -3,14 +3,17 @@
 Each feeder resumes from its own durable progress, so every key is eventually sent and
 acknowledged whatever the kills:
 
-- ``idem``: an idempotent producer sends batch ``b`` of its plan with sequence ``b`` and logs ``b``
-  in its ack log once ``send`` returned (a key is acknowledged only then). After a kill it resends
+- ``idem``: an idempotent producer sends batch ``b`` of its plan with sequence ``b`` to partition
+  :func:`~cues_platform.jepsen.workload.idem_partition` (feeder + b) % 2 of ``src_a`` (one
+  sequence per producer and queue, over both partitions) and logs ``b`` in its ack log once
+  ``send`` returned (a key is acknowledged only then). After a kill it resends
   the first batch not logged, with the same sequence: if that batch had landed, the resend must be
   recognised (``duplicate=True``, the same offsets). Injected lost acknowledgements: for some
   batches the commit lands and then the caller either gets no answer (it resends the same batch
   with the same sequence at once) or is killed (SIGKILL of itself; the next start resends).
-- ``txn``: a transactional producer sends transaction ``t`` (its keys plus a progress row in the
-  same transaction) and commits it, or aborts it on purpose when the plan says so. After a kill,
+- ``txn``: a transactional producer sends transaction ``t`` (its keys to partition t % 2 of
+  ``src_t``, plus a progress row to ``txn_progress``'s one partition, in the same transaction)
+  and commits it, or aborts it on purpose when the plan says so. After a kill,
   ``init_transactions`` aborts what was open; the committed progress rows (read_committed) say
   which transactions landed, so none is committed twice.
 
@@ -54,14 +57,14 @@ def run_idem(*, lake: Lake, run_dir: Path, plan: w.Plan, index: int, lost_ack_ra
     done = w.read_acked(log)
     producer = lake.queue(w.SRC_IDEM).producer(producer_id=f"jepsen-{name}")
     for b in range(max(done, default=-1) + 1, len(batches)):
-        data = w.batch_table(list(batches[b]))
-        result = producer.send(data, partition=w.PARTITION, sequence=b)
+        data, part = w.batch_table(list(batches[b])), w.idem_partition(index, b)
+        result = producer.send(data, partition=part, sequence=b)
         rng = random.Random(f"{plan.seed}/lost/{name}/{b}")
         if rng.random() < lost_ack_rate and f"{name}:{b}" not in already_lost:
             _append_line(lost_log, f"{name}:{b}")
             if rng.random() < 0.5:
                 os.kill(os.getpid(), signal.SIGKILL)  # the ack is lost with the caller
-            again = producer.send(data, partition=w.PARTITION, sequence=b)  # no answer: resend
+            again = producer.send(data, partition=part, sequence=b)  # no answer: resend
             if not again.duplicate or dict(again.ranges) != dict(result.ranges):
                 _append_line(run_dir / ANOMALIES_LOG, json.dumps({
                     "feeder": name, "batch": b, "first": {p: list(r) for p, r in result.ranges.items()},
@@ -77,7 +80,7 @@ class LostAckError(Exception):
 
 def committed_txns(lake: Lake) -> set[int]:
     """Transactions whose progress row is visible read_committed (the feeder's own bookkeeping)."""
-    table = lake.queue(w.TXN_PROGRESS).read_arrow(partition=w.PARTITION)
+    table = lake.queue(w.TXN_PROGRESS).read_arrow(partition=w.PROGRESS_PARTITION)
     return {int(t) for t in table["txn"].to_pylist()}
 
 
@@ -98,16 +101,16 @@ def run_txn(*, lake: Lake, run_dir: Path, plan: w.Plan, pace: float, resend_in_t
         _append_line(log, str(t))
     src, progress = lake.queue(w.SRC_TXN), lake.queue(w.TXN_PROGRESS)
     for t in range(max(committed, default=-1) + 1, len(plan.txn_batches)):
-        data = w.batch_table(list(plan.txn_batches[t]))
+        data, part = w.batch_table(list(plan.txn_batches[t])), w.txn_partition(t)
         txp.begin()
         if resend_in_txn and random.Random(f"{plan.seed}/txnresend/{t}").random() < 0.3:
             # A lost acknowledgement inside a transaction: the send's commit lands, then the call
             # fails; the caller resends the same batch, which must be recognised (written once).
             armed["lose_ack"] = True
             try:
-                first = txp.send(src, data, partition=w.PARTITION)
+                first = txp.send(src, data, partition=part)
             except LostAckError:
-                again = txp.send(src, data, partition=w.PARTITION)
+                again = txp.send(src, data, partition=part)
                 if not again.duplicate:
                     _append_line(run_dir / ANOMALIES_LOG, json.dumps({
                         "feeder": "txn", "txn": t, "resend": {p: list(r) for p, r in again.ranges.items()},
@@ -115,8 +118,8 @@ def run_txn(*, lake: Lake, run_dir: Path, plan: w.Plan, pace: float, resend_in_t
             else:
                 raise RuntimeError(f"txn {t}: the injected lost acknowledgement did not fire ({first})")
         else:
-            txp.send(src, data, partition=w.PARTITION)
-        txp.send(progress, {"feeder": ["txn"], "txn": [t]}, partition=w.PARTITION)
+            txp.send(src, data, partition=part)
+        txp.send(progress, {"feeder": ["txn"], "txn": [t]}, partition=w.PROGRESS_PARTITION)
         if plan.aborted(t):
             txp.abort()
         else:

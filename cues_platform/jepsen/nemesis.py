@@ -8,11 +8,12 @@ Kinds of fault (chosen by the seeded random generator; the moments depend on the
 speed, so a replay re-runs the same kinds in the same order against the same keys):
 
 - ``kill_by_progress``: SIGKILL (or SIGTERM) the runner once a random number of further commits
-  exist (backing records and fences, and output-queue commits: a one-commit step writes only
-  its output queue), so kills land at random protocol
+  exist (backing records and fences of every lane, and output-queue commits: a one-commit step
+  writes only its output queue), so kills land at random protocol
   points (inside a commit, between a fork's commits, in a sink's effect, ...).
-- ``kill_in_recovery``: start a runner and SIGKILL it once 1..4 of its processors have fenced
-  (their backing queue got the new epoch commit): the others have not recovered yet.
+- ``kill_in_recovery``: start a runner and SIGKILL it once 1..9 of its ten lanes (five processors,
+  two partitions each) have fenced (their backing queue got the new epoch commit): the others
+  have not recovered yet.
 - ``kill_after_start``: SIGKILL or SIGTERM a runner 0.5-8 s after it started (Spark starting,
   recovery, the first steps).
 - ``kill_feeder``: SIGKILL a feeder (idempotent or transactional) mid-stream; it is restarted.
@@ -20,7 +21,9 @@ speed, so a replay re-runs the same kinds in the same order against the same key
   two is killed.
 - Maintenance (a thread): compaction, checkpoints and vacuum (retention 1 h) of random queues via
   the Queue maintenance API, and now and then ``cues queue maintain`` as a child process.
-- A tailer (a thread) reads ``enriched`` read_committed and commits its position throughout.
+- A tailer (a thread) reads each partition of ``enriched`` read_committed and commits its
+  position there throughout; every row it reads must be the next offset of that partition and a
+  key the plan sends to that partition (lane p of ``enrich`` writes partition p only).
 """
 
 from __future__ import annotations
@@ -77,10 +80,10 @@ def spawn(name: str, kind: str, argv: list[str], log: Path) -> Child:
 
 
 def backing_versions(lake_root: Path) -> dict[str, int]:
-    """Newest Delta version of each processor's backing queue (-1: none yet): a cheap progress
+    """Newest Delta version of each lane's backing queue (-1: none yet): a cheap progress
     gauge that counts snapshots, attempts and recovery fences."""
     out = {}
-    for pid in w.PROCESSORS:
+    for pid in w.LANES:
         log = lake_root / "_cues" / "backing" / pid / "_delta_log"
         try:
             names = [n for n in os.listdir(log) if n.endswith(".json") and n[:20].isdigit()]
@@ -249,7 +252,7 @@ class Nemesis:
             self.kill(runner, signal.SIGKILL, "runner SIGKILL (to restart)")
             before = backing_versions(self.lake_root)
             fresh = self.start_runner()
-            want = self.rng.randint(1, len(w.PROCESSORS) - 1)
+            want = self.rng.randint(1, len(w.LANES) - 1)
             deadline = min(until + 30, time.monotonic() + 90)
             while fresh.alive and time.monotonic() < deadline:
                 now = backing_versions(self.lake_root)
@@ -297,8 +300,9 @@ class Nemesis:
 class Background:
     """Maintenance and a tailer racing with everything else, in threads, until ``stop``."""
 
-    def __init__(self, *, lake_root: Path, seed: int, stats: Stats, log: Path) -> None:
-        self.lake_root, self.stats, self.log = lake_root, stats, log
+    def __init__(self, *, lake_root: Path, seed: int, stats: Stats, log: Path,
+                 plan: w.Plan) -> None:
+        self.lake_root, self.stats, self.log, self.plan = lake_root, stats, log, plan
         self.rng = random.Random(f"{seed}/maintenance")
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self._maintain, name="jepsen-maintenance", daemon=True),
@@ -347,22 +351,32 @@ class Background:
         from cues_platform.queues import Lake
 
         lake = Lake(root=str(self.lake_root))
-        tailer = None
+        tailers: dict = {}  # partition -> its Tailer (one name, a position per partition)
+        expected = self.plan.partition_of
         while not self.stop.wait(0.2):
-            try:
-                if tailer is None:
-                    if not lake.has_queue(w.ENRICHED):
-                        continue
-                    tailer = lake.queue(w.ENRICHED).tailer("jepsen-tailer", partition=w.PARTITION)
-                position = tailer.position
-                rows = tailer.read_arrow(max_messages=500)
-                offsets = rows["_offset"].to_pylist()
-                if offsets and offsets != list(range(position, position + len(offsets))):
-                    self.stats.tailer_errors.append(
-                        f"tailer read offsets {offsets[:3]}..{offsets[-3:]} from position {position}")
-                if offsets:
-                    tailer.commit()
-                    self.stats.tailer_rows += len(offsets)
-            except Exception as exc:  # noqa: BLE001 - reported, never hidden
-                self.stats.tailer_errors.append(f"{type(exc).__name__}: {exc}"[:400])
-                tailer = None
+            for part in w.PARTITIONS:
+                try:
+                    tailer = tailers.get(part)
+                    if tailer is None:
+                        if not lake.has_queue(w.ENRICHED):
+                            continue
+                        tailer = tailers[part] = lake.queue(w.ENRICHED).tailer("jepsen-tailer",
+                                                                                partition=part)
+                    position = tailer.position
+                    rows = tailer.read_arrow(max_messages=500)
+                    offsets = rows["_offset"].to_pylist()
+                    where = f"tailer of {w.ENRICHED}/{part}"
+                    if offsets and offsets != list(range(position, position + len(offsets))):
+                        self.stats.tailer_errors.append(
+                            f"{where} read offsets {offsets[:3]}..{offsets[-3:]} from position {position}")
+                    stray = [k for k in rows["key"].to_pylist() if expected.get(k) != part]
+                    if stray:
+                        self.stats.tailer_errors.append(
+                            f"{where} read {len(stray)} key(s) the feeders sent to another partition "
+                            f"(or never): {', '.join(f'{k} ({expected.get(k)})' for k in stray[:3])}")
+                    if offsets:
+                        tailer.commit()
+                        self.stats.tailer_rows += len(offsets)
+                except Exception as exc:  # noqa: BLE001 - reported, never hidden
+                    self.stats.tailer_errors.append(f"{w.ENRICHED}/{part}: {type(exc).__name__}: {exc}"[:400])
+                    tailers.pop(part, None)

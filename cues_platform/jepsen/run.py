@@ -114,7 +114,7 @@ def _setup(lake_root: Path) -> None:
 
     lake = Lake(root=str(lake_root))
     create_queues(load_graph(GRAPH_REF), lake)
-    lake.create_queue(w.TXN_PROGRESS, schema=w.PROGRESS, partitions=(w.PARTITION,), exist_ok=True)
+    lake.create_queue(w.TXN_PROGRESS, schema=w.PROGRESS, partitions=(w.PROGRESS_PARTITION,), exist_ok=True)
 
 
 def run_harness(config: HarnessConfig, *, echo: Callable[[str], None] = print) -> HarnessResult:
@@ -134,7 +134,7 @@ def run_harness(config: HarnessConfig, *, echo: Callable[[str], None] = print) -
                       feed_seconds=config.duration * 0.6, lost_ack_rate=config.lost_ack_rate,
                       resend_in_txn=config.resend_in_txn, concurrent=config.concurrent)
     background = Background(lake_root=lake_root, seed=config.seed, stats=nemesis.stats,
-                            log=workdir / "logs" / "maintenance.log")
+                            log=workdir / "logs" / "maintenance.log", plan=plan)
     drain_attempts = 0
     try:
         # Step 3

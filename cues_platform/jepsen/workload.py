@@ -6,6 +6,10 @@ compute what must be in the lake without asking the platform:
 - Keys are strings. Idempotent feeder ``f`` sends ``i{f}-{j:06d}`` in batches; the transactional
   feeder sends transaction ``t`` as keys ``t-{t:05d}-{j:03d}`` and aborts it on purpose when
   :meth:`Plan.aborted` says so (those keys must never be visible read_committed nor processed).
+- Partitions: every key queue has the partitions :data:`PARTITIONS` ("0" and "1"). Each batch
+  (each transaction) goes to ONE partition, chosen from its number (:func:`idem_partition`,
+  :func:`txn_partition`), so :attr:`Plan.partition_of` knows where every key must be, in every
+  queue downstream too.
 - :func:`is_rejected` is the user function's deterministic rule: a batch holding a rejected key
   raises :class:`Rejected` in processor ``validate`` (so the whole batch is one legitimate error
   row, and its other keys with it).
@@ -15,6 +19,13 @@ The graph (``user/jepsen_graph.py``, loaded by ``cues run`` as a user's file)::
     src_a ─┐                                 ┌─> left ──enrich──> enriched
            ├─merge(alts)─> merged ─validate─> validated ─split(fork)─┤
     src_t ─┘                 (raises: errors)                        └─> right ──store(sink)──> sink table
+
+Every processor binds ``In(queue)`` (every partition) and writes ``Out(queue)`` (the same
+partition), so it runs as one *lane* per partition (``cues_platform/processing/lanes.py``): the
+lane of partition "0" keeps the processor's id (``merge``), the lane of "1" is ``merge.1``. Lane
+p reads partition p and writes partition p, so a key stays in the partition it was sent to.
+:data:`LANES` lists the ten lanes; the checker derives them from this naming rule, not from the
+platform's code.
 """
 
 from __future__ import annotations
@@ -27,17 +38,49 @@ from functools import cached_property
 import pyarrow as pa
 
 # -- topology (shared by the graph file, the feeders and the checker) -------------------------------
-SRC_IDEM = "src_a"  # idempotent producers append here (partition "0", all feeders at once)
+SRC_IDEM = "src_a"  # idempotent producers append here (all feeders at once, both partitions)
 SRC_TXN = "src_t"  # the transactional producer appends here
 TXN_PROGRESS = "txn_progress"  # the transactional feeder's own progress, inside its transactions
 MERGED, VALIDATED, LEFT, RIGHT, ENRICHED, ERRORS = (
     "merged", "validated", "left", "right", "enriched", "errors")
 SINK_TABLE = "sink_store"  # a plain Delta table under the lake root (write_delta_once)
-PROCESSORS = ("merge", "validate", "split", "enrich", "store")
+SINK_LANE_COLUMN = "lane"  # the sink rows' column naming the store lane that applied them
+PROCESSORS = ("merge", "validate", "split", "enrich", "store")  # as declared (lane families)
 REJECTING_PROCESSOR = "validate"
+SINK_PROCESSOR = "store"
 REJECTED_EXCEPTION = "Rejected"
-PARTITION = "0"
+PARTITIONS = ("0", "1")  # the partitions of every key queue (one lane per partition)
+PROGRESS_PARTITION = "0"  # the one partition of txn_progress and of the error queue
 BATCH_SIZE = 300
+
+
+def lane_id(processor: str, partition: str) -> str:
+    """The id of the lane of ``partition`` of ``processor`` (the documented rule: partition "0"
+    keeps the processor's id, partition p is ``{processor}.{p}``)."""
+    return processor if partition == "0" else f"{processor}.{partition}"
+
+
+def lane_family(lane: str) -> str:
+    """The declared processor whose lane ``lane`` is (``validate.1`` -> ``validate``)."""
+    return lane.partition(".")[0]
+
+
+def lane_partition(lane: str) -> str:
+    """The partition lane ``lane`` reads and writes (``validate`` -> "0", ``validate.1`` -> "1")."""
+    return lane.partition(".")[2] or "0"
+
+
+LANES = tuple(lane_id(p, part) for p in PROCESSORS for part in PARTITIONS)
+
+
+def idem_partition(feeder: int, batch: int) -> str:
+    """The partition idempotent feeder ``feeder`` sends its batch ``batch`` to."""
+    return PARTITIONS[(feeder + batch) % len(PARTITIONS)]
+
+
+def txn_partition(txn: int) -> str:
+    """The partition of ``src_t`` the transactional feeder sends transaction ``txn`` to."""
+    return PARTITIONS[txn % len(PARTITIONS)]
 
 PAYLOAD = pa.schema([pa.field("key", pa.string(), nullable=False),
                      pa.field("n", pa.int64(), nullable=False)])
@@ -125,6 +168,15 @@ class Plan:
     @cached_property
     def aborted_keys(self) -> frozenset[str]:
         return frozenset(k for t, b in enumerate(self.txn_batches) if self.aborted(t) for k in b)
+
+    @cached_property
+    def partition_of(self) -> dict[str, str]:
+        """Every key (aborted ones too) -> the partition its feeder sends it to, which is its
+        partition in every queue downstream (lane p reads and writes partition p)."""
+        out = {k: idem_partition(f, b) for f, bs in enumerate(self.idem_batches)
+               for b, keys in enumerate(bs) for k in keys}
+        out.update((k, txn_partition(t)) for t, keys in enumerate(self.txn_batches) for k in keys)
+        return out
 
     @cached_property
     def all_keys(self) -> frozenset[str]:

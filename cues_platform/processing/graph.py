@@ -117,6 +117,10 @@ class Options:
     snapshot_at: SnapshotAt = SnapshotAt.COMMIT  # exactly_once; a sink always records at read
     output_writer: OutputWriter = OutputWriter.AUTO
     backing_maintenance_every: int = 1_000  # steps between backing-queue compactions; 0: never
+    # lanes (one per partition of an every-partition input) of a map, join, alts or fork that step
+    # at the same time in one runner (threads; Spark runs their jobs side by side); 1: in turn.
+    # bench/bench_lanes.py: 2 lanes in parallel ~2x the throughput of in turn on 2 cores
+    lane_workers: int = 4
 
 
 @dataclass(frozen=True)
@@ -346,6 +350,8 @@ def validate_graph(graph: Graph) -> None:
             raise GraphError(f"{where}: max_batch_size ({p.options.max_batch_size:,}) must be >= "
                              f"batch_size ({p.options.batch_size:,}); set it to batch_size for "
                              "fixed-size steps", processor=p.id)
+        if p.options.lane_workers < 1:
+            raise GraphError(f"{where}: lane_workers must be >= 1 (1: lanes step in turn)", processor=p.id)
         if p.options.backing_maintenance_every < 0:
             raise GraphError(f"{where}: backing_maintenance_every must be >= 0 (0: never)",
                              processor=p.id)

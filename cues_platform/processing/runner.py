@@ -11,12 +11,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
 from cues_platform.processing.errors import ProcessorFencedError
 from cues_platform.processing.events import EventSink, step_fields
-from cues_platform.processing.graph import Graph
+from cues_platform.processing.graph import Graph, Kind
 from cues_platform.processing.lanes import (
     ALL_PARTITIONS,
     LANE_REFRESH_SECONDS,
@@ -173,16 +174,51 @@ class GraphRunner:
             self.events("fenced", {"processor": pid, "error": str(exc).splitlines()[0][:300]})
             raise
 
+    def step_pass(self, pids: list[str]) -> dict[str, StepResult | None]:
+        """One step of each of ``pids`` (upstream first). The lanes of one map, join, alts or fork
+        step at the same time, up to its ``Options.lane_workers`` threads (Spark runs their jobs
+        side by side; each lane commits on its own), then the pass goes on; a sink's lanes step in
+        turn, as their effects go through shared resources. If a lane fails, its siblings'
+        steps still finish (each is recorded or not, as on its own) before the error is raised."""
+        out: dict[str, StepResult | None] = {}
+        i = 0
+        while i < len(pids):
+            proc = self.graph.processors[pids[i]]
+            family = proc.family or proc.id
+            group = [pids[i]]
+            while i + len(group) < len(pids) and self.graph.processors[pids[i + len(group)]].family == family:
+                group.append(pids[i + len(group)])
+            i += len(group)
+            workers = min(len(group), proc.options.lane_workers)
+            if workers <= 1 or proc.kind in (Kind.SINK, Kind.IMPERATIVE, Kind.SOURCE):
+                for pid in group:
+                    if self.stop_event.is_set():
+                        return out
+                    out[pid] = self.step_once(pid)
+                continue
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"lanes-{family}") as pool:
+                futures = {pid: pool.submit(self.step_once, pid) for pid in group}
+                wait(list(futures.values()))
+            for pid, future in futures.items():
+                out[pid] = future.result()  # the first failure, once every lane's step is over
+        return out
+
     def run_until_idle(self, *, max_steps: int | None = None) -> dict[str, ProcessorStats]:
-        """Step every processor (upstream first) until none has work or ``max_steps`` is hit."""
+        """Step every processor (upstream first) until none has work or ``max_steps`` is hit
+        (with ``max_steps``, one step at a time: lanes in turn)."""
         self.refresh_lanes()
         if self._needs_recovery:
             self.recover([p for p in self.steppers if p in self._needs_recovery])
         total = 0
         while not self.stop_event.is_set():
             progressed = False
+            if max_steps is None:
+                progressed = any(r is not None for r in self.step_pass(list(self.steppers)).values())
+                if not progressed:
+                    break
+                continue
             for pid in self.steppers:
-                if max_steps is not None and total >= max_steps:
+                if total >= max_steps:
                     return self.stats
                 if self.step_once(pid) is not None:
                     progressed, total = True, total + 1
@@ -205,10 +241,9 @@ class GraphRunner:
                     for pid in self.refresh_lanes(every=LANE_REFRESH_SECONDS):
                         delays[pid], due[pid] = 0.01, 0.0
                     now = time.monotonic()
-                    for pid in self.steppers:
-                        if self.stop_event.is_set() or due[pid] > now:
-                            continue
-                        if self.step_once(pid) is not None:
+                    ready = [pid for pid in self.steppers if due[pid] <= now]
+                    for pid, result in self.step_pass(ready).items():
+                        if result is not None:
                             delays[pid], due[pid], idle_since = 0.01, 0.0, time.monotonic()
                             idle = False
                         else:

@@ -17,16 +17,24 @@ IDEM = [w.idem_key(0, j) for j in range(10)]
 TXN_OK = [w.txn_key(0, 0), w.txn_key(0, 1)]  # transaction jepsen-txn#0, committed
 TXN_ABORTED = [w.txn_key(1, 0)]  # transaction jepsen-txn#1, aborted on purpose
 REJECTED = IDEM[9]  # the one key the hand-made rule rejects
+IDEM_1 = [w.idem_key(1, j) for j in range(10)]  # partition "1" (HandLake.add_partition_1)
+REJECTED_1 = IDEM_1[9]
 
 
-def rows(keys: list[str], *, offsets: list[int] | None = None, txn: str | None = None) -> pa.Table:
+def rows(keys: list[str], *, offsets: list[int] | None = None, txn: str | None = None,
+         partition: str = "0") -> pa.Table:
     offsets = list(range(len(keys))) if offsets is None else offsets
     n = len(keys)
     return pa.table({"key": pa.array(keys, pa.string()),
                      "n": pa.array([w.key_number(k) for k in keys], pa.int64()),
-                     "_partition": pa.array(["0"] * n, pa.string()),
+                     "_partition": pa.array([partition] * n, pa.string()),
                      "_offset": pa.array(offsets, pa.int64()),
                      "_txn_id": pa.array([txn] * n, pa.string())})
+
+
+def sink_rows(keys: list[str], *, lane: str = "store") -> pa.Table:
+    """Rows of the sink table as a store lane writes them (the delivery hash, the lane)."""
+    return pa.table({"key": keys, "hash": ["ab" * 16] * len(keys), w.SINK_LANE_COLUMN: [lane] * len(keys)})
 
 
 @dataclass
@@ -35,7 +43,8 @@ class HandLake:
 
     src_a: IDEM (offsets 0..9); src_t: TXN_OK (txn #0) then TXN_ABORTED (txn #1, offset 2);
     merged: IDEM + TXN_OK; the error queue has one row covering merged [8, 12) (it holds
-    REJECTED); validated, left, right, enriched and the sink hold IDEM[:8]."""
+    REJECTED); validated, left, right, enriched and the sink hold IDEM[:8]. Every key is in
+    partition "0" (lanes ``validate``, ``store``, ...) until :meth:`add_partition_1`."""
 
     root: Path
     tables: dict[str, pa.Table] = field(default_factory=dict)
@@ -43,6 +52,8 @@ class HandLake:
     decisions: list[tuple[str, str]] = field(default_factory=list)
     markers: dict[str, int] = field(default_factory=dict)  # src_t app transactions txn:{id}
     acked: set[str] = field(default_factory=set)
+    partition_of: dict[str, str] = field(default_factory=dict)  # where the feeders sent each key
+    rejected: set[str] = field(default_factory=set)  # the hand-made rule
 
     @classmethod
     def healthy(cls, root: Path) -> HandLake:
@@ -53,14 +64,37 @@ class HandLake:
         lake.tables[w.MERGED] = rows(IDEM + TXN_OK)
         for q in (w.VALIDATED, w.LEFT, w.RIGHT, w.ENRICHED):
             lake.tables[q] = rows(IDEM[:8])
-        lake.tables["sink"] = pa.table({"key": IDEM[:8], "hash": ["ab" * 16] * 8})
+        lake.tables["sink"] = sink_rows(IDEM[:8])
         lake.errors = [{"processor": "validate", "step": 2, "exception_type": "jepsen_graph.Rejected",
                         "inputs": json.dumps({"src": [w.MERGED, "0", 8, 12]})}]
         lake.decisions = [("jepsen-txn#0", "begin"), ("jepsen-txn#0", "committed"),
                           ("jepsen-txn#1", "begin"), ("jepsen-txn#1", "aborted")]
         lake.markers = {"jepsen-txn#0": 1, "jepsen-txn#1": 2}
         lake.acked = set(IDEM + TXN_OK)
+        lake.partition_of = dict.fromkeys(IDEM + TXN_OK + TXN_ABORTED, "0")
+        lake.rejected = {REJECTED}
         return lake
+
+    def add_partition_1(self) -> HandLake:
+        """Partition "1" as the lanes ``merge.1`` ... ``store.1`` fill it: IDEM_1 in src_a/1 and
+        merged/1 (offsets 0..9, where partition "0" holds other keys); one error row of
+        ``validate.1`` covers merged/1 [6, 10) (it holds REJECTED_1; offsets 8 and 9 are also in
+        the range of partition "0"'s error row); validated, left, right and enriched hold
+        IDEM_1[:6] in partition "1", the sink has them from ``store.1``."""
+        def both(name: str, keys: list[str]) -> None:
+            self.tables[name] = pa.concat_tables([self.tables[name], rows(keys, partition="1")])
+
+        both(w.SRC_IDEM, IDEM_1)
+        both(w.MERGED, IDEM_1)
+        for q in (w.VALIDATED, w.LEFT, w.RIGHT, w.ENRICHED):
+            both(q, IDEM_1[:6])
+        self.tables["sink"] = pa.concat_tables([self.tables["sink"], sink_rows(IDEM_1[:6], lane="store.1")])
+        self.errors.append({"processor": "validate.1", "step": 1, "exception_type": "jepsen_graph.Rejected",
+                            "inputs": json.dumps({"src": [w.MERGED, "1", 6, 10]})})
+        self.acked |= set(IDEM_1)
+        self.partition_of |= dict.fromkeys(IDEM_1, "1")
+        self.rejected.add(REJECTED_1)
+        return self
 
     def write(self) -> Path:
         for name, table in self.tables.items():
@@ -90,7 +124,8 @@ class HandLake:
 
     def expectation(self) -> Expectation:
         return Expectation(acked=frozenset(self.acked), aborted_keys=frozenset(TXN_ABORTED),
-                           known_keys=frozenset(IDEM + TXN_OK), is_rejected=lambda k: k == REJECTED)
+                           known_keys=frozenset(self.partition_of) - set(TXN_ABORTED),
+                           partition_of=dict(self.partition_of), is_rejected=self.rejected.__contains__)
 
 
 @pytest.fixture

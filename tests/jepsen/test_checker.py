@@ -9,7 +9,7 @@ from deltalake import CommitProperties, Transaction, write_deltalake
 
 from cues_platform.jepsen import workload as w
 from cues_platform.jepsen.checker import check_lake
-from tests.jepsen.conftest import IDEM, TXN_ABORTED, TXN_OK, rows
+from tests.jepsen.conftest import IDEM, IDEM_1, TXN_ABORTED, TXN_OK, rows, sink_rows
 
 
 def failing(hand_lake) -> dict[str, list[str]]:
@@ -21,7 +21,7 @@ def test_a_healthy_lake_passes_every_check(hand_lake):
     report = check_lake(hand_lake.write(), hand_lake.expectation())
     assert report.ok, report.to_dict()
     assert [c.name for c in report.checks] == ["dense_offsets", "read_committed", "acknowledged",
-                                               "exactly_once", "error_rows", "sink_once"]
+                                               "exactly_once", "error_rows", "sink_once", "lanes"]
     assert report.counts["keys_in_error_rows"] == 4 and report.counts["visible_input_keys"] == 12
     assert all(c.checked for c in report.checks)
 
@@ -32,7 +32,7 @@ def test_a_duplicate_key_downstream(hand_lake):
 
 
 def test_a_duplicate_sink_effect(hand_lake):
-    hand_lake.tables["sink"] = pa.table({"key": IDEM[:8] + [IDEM[0]], "hash": ["ab" * 16] * 9})
+    hand_lake.tables["sink"] = sink_rows(IDEM[:8] + [IDEM[0]])
     got = failing(hand_lake)
     assert got["sink_once"] == [f"sink effect of key {IDEM[0]} applied 2 times"]
     assert got["exactly_once"] == [f"sink: key {IDEM[0]} is there 2 times"]
@@ -95,7 +95,7 @@ def test_a_platform_error_row_swallows_a_batch(hand_lake):
     hand_lake.errors[1]["inputs"] = json.dumps({"src": [w.MERGED, "0", 6, 10]})  # ... went to an error row
     for q in (w.VALIDATED, w.LEFT, w.RIGHT, w.ENRICHED):
         hand_lake.tables[q] = rows(IDEM[:6])
-    hand_lake.tables["sink"] = pa.table({"key": IDEM[:6], "hash": ["ab" * 16] * 6})
+    hand_lake.tables["sink"] = sink_rows(IDEM[:6])
     got = failing(hand_lake)
     assert got["error_rows"] == [
         "error row at offset 0 (merge step 1, py4j.protocol.Py4JJavaError): not a rejection by the "
@@ -120,5 +120,58 @@ def test_a_rejected_key_delivered_instead_of_its_error_row(hand_lake):
     hand_lake.errors = []
     for q in (w.VALIDATED, w.LEFT, w.RIGHT, w.ENRICHED):
         hand_lake.tables[q] = rows(IDEM + TXN_OK)
-    hand_lake.tables["sink"] = pa.table({"key": IDEM + TXN_OK, "hash": ["ab" * 16] * 12})
+    hand_lake.tables["sink"] = sink_rows(IDEM + TXN_OK)
     assert failing(hand_lake) == {"exactly_once": [f"key {IDEM[9]} is rejected by the user's rule but in no error row"]}
+
+
+# -- two partitions, two lanes per processor ---------------------------------------------------------
+def test_a_healthy_lake_over_two_partitions_passes_every_check(hand_lake):
+    # the error rows cover merged/0 [8, 12) and merged/1 [6, 10): resolved by offset alone,
+    # offsets 8 and 9 would name the same keys for both rows
+    report = check_lake(hand_lake.add_partition_1().write(), hand_lake.expectation())
+    assert report.ok, report.to_dict()
+    assert report.counts["error_rows"] == 2 and report.counts["keys_in_error_rows"] == 8
+    assert report.counts["visible_input_keys"] == 22 and report.counts["sink_rows"] == 14
+
+
+def test_an_error_row_resolves_its_keys_in_its_own_partition(hand_lake):
+    hand_lake.add_partition_1()
+    hand_lake.errors[1]["inputs"] = json.dumps({"src": [w.MERGED, "1", 0, 2]})  # IDEM_1[:2], not rejected
+    got = failing(hand_lake)
+    assert got["error_rows"] == ["error row at offset 1 (validate.1 step 1, jepsen_graph.Rejected): its "
+                                 "input range holds no key the user's rule rejects (2 keys)"]
+    # the row's keys are merged/1's at offsets 0 and 1 (not merged/0's IDEM[:2])
+    assert got["exactly_once"][:2] == [f"validated: key {IDEM_1[0]} is both in an error row and delivered (1x)",
+                                       f"validated: key {IDEM_1[1]} is both in an error row and delivered (1x)"]
+
+
+def test_a_key_in_the_other_partition(hand_lake):
+    hand_lake.add_partition_1()
+    hand_lake.tables[w.ENRICHED] = pa.concat_tables([rows(IDEM[:8] + [IDEM_1[0]]),
+                                                     rows(IDEM_1[1:6], partition="1")])
+    assert failing(hand_lake) == {"lanes": [
+        f"enriched: key {IDEM_1[0]} is in partition '0' (offset 8) but its feeder sent it to partition '1'"]}
+
+
+def test_a_sink_row_applied_by_the_other_lane(hand_lake):
+    hand_lake.add_partition_1()
+    hand_lake.tables["sink"] = pa.concat_tables([sink_rows(IDEM[:8] + [IDEM_1[0]]),
+                                                 sink_rows(IDEM_1[1:6], lane="store.1")])
+    assert failing(hand_lake) == {"lanes": [
+        f"sink row of key {IDEM_1[0]} was applied by 'store', not by the store lane of its partition "
+        "'1' ('store.1')"]}
+
+
+def test_an_error_row_of_a_lane_over_another_partition(hand_lake):
+    hand_lake.errors[0]["processor"] = "validate.1"  # it covers merged/0
+    assert failing(hand_lake) == {"lanes": [
+        "error row at offset 0 of lane 'validate.1' (partition '1'): input 'src' covers merged "
+        "partition '0' [8, 12)"]}
+
+
+def test_an_error_row_of_a_lane_the_graph_does_not_have(hand_lake):
+    hand_lake.errors[0]["processor"] = "validate.2"
+    hand_lake.errors[0]["inputs"] = json.dumps({"src": [w.MERGED, "2", 8, 12]})
+    got = failing(hand_lake)
+    assert got["error_rows"] == ["error row at offset 0 (validate.2 step 2, jepsen_graph.Rejected): not "
+                                 "a rejection by the user's function; its batch of 0 key(s) is lost: []"]

@@ -19,3 +19,29 @@ def test_the_plan_has_every_key_once_some_aborted_and_some_rejected():
     assert len(sent) == len(set(sent)) == len(plan.all_keys) == 2_000
     assert plan.aborted_keys and not plan.aborted_keys & plan.all_keys
     assert sum(map(w.is_rejected, plan.all_keys)) >= 2
+
+
+def test_each_batch_and_transaction_is_in_one_partition_and_both_partitions_get_keys():
+    plan = w.Plan(seed=11, keys=2_000)
+    for f, batches in enumerate(plan.idem_batches):
+        for b, keys in enumerate(batches):
+            assert {plan.partition_of[k] for k in keys} == {w.idem_partition(f, b)}
+    for t, keys in enumerate(plan.txn_batches):
+        assert {plan.partition_of[k] for k in keys} == {w.txn_partition(t)}
+    assert set(plan.partition_of) == plan.all_keys | plan.aborted_keys
+    for keys in (plan.all_keys, plan.aborted_keys):
+        assert {plan.partition_of[k] for k in keys} == set(w.PARTITIONS)
+
+
+def test_the_lanes_the_checker_names_are_the_graphs():
+    # The checker and the nemesis derive lane ids from the documented rule; the platform expands
+    # the user's graph into exactly those lanes, each over its own partition.
+    from cues_platform.jepsen.user.jepsen_graph import graph
+
+    assert set(w.LANES) == set(graph.processors)
+    assert {f: sorted(lanes) for f, lanes in graph.families.items()} == {
+        p: sorted(w.lane_id(p, part) for part in w.PARTITIONS) for p in w.PROCESSORS}
+    for lane, p in graph.processors.items():
+        assert {i.partition for i in p.inputs.values()} == {w.lane_partition(lane)}, lane
+        assert {o.partition for o in p.outputs.values()} <= {w.lane_partition(lane)}, lane
+        assert w.lane_family(lane) == p.family

@@ -2,6 +2,10 @@
 
 It is loaded as a file (module ``jepsen_graph``), so :class:`Rejected` is the user's exception
 (``jepsen_graph.Rejected``), not the platform's. Topology and keys: :mod:`cues_platform.jepsen.workload`.
+
+Every key queue has two partitions (``workload.PARTITIONS``) and every processor binds
+``In(queue)`` (every partition) and ``Out(queue)`` (the lane's partition), so each processor runs
+as two lanes (``merge`` and ``merge.1``, ...); both lanes of ``store`` write the one sink table.
 """
 
 from __future__ import annotations
@@ -51,16 +55,19 @@ def enrich(ctx, src):
 
 
 def store(ctx, src):
-    """sink: each step's rows once into a Delta table, keyed by the step (write_delta_once)."""
+    """sink: each step's rows once into a Delta table, keyed by the lane's step (write_delta_once);
+    both lanes write the same table, each row naming the lane that applied it."""
     from cues_platform.processing.sinks import write_delta_once
 
+    data = src.select("key", "n", F.lit(ctx.processor_id).alias(w.SINK_LANE_COLUMN)).toArrow()
     write_delta_once(ctx, table_uri=ctx.lake.root.rstrip("/") + "/" + w.SINK_TABLE,
-                     data=src.select("key", "n").toArrow(), hash_column="hash")
+                     data=data, hash_column="hash")
 
 
 def build(batch_size: int = w.BATCH_SIZE) -> Graph:
     opts = Options(batch_size=batch_size, poll_interval=0.25)
-    queues = [QueueDef(name, w.PAYLOAD) for name in w.KEY_QUEUES] + [QueueDef(w.ERRORS, ERROR_SCHEMA)]
+    queues = [QueueDef(name, w.PAYLOAD, partitions=w.PARTITIONS) for name in w.KEY_QUEUES]
+    queues.append(QueueDef(w.ERRORS, ERROR_SCHEMA, partitions=(w.PROGRESS_PARTITION,)))
     return Graph.build(
         name="jepsen",
         queues=queues,
