@@ -7,9 +7,9 @@ killed with ``os.killpg``: a runner's group holds its Spark JVM, which dies with
 Kinds of fault (chosen by the seeded random generator; the moments depend on the machine's
 speed, so a replay re-runs the same kinds in the same order against the same keys):
 
-- ``kill_by_progress``: SIGKILL (or SIGTERM) the runner once a random number of further commits
-  exist (backing records and fences of every lane, and output-queue commits: a one-commit step
-  writes only its output queue), so kills land at random protocol
+- ``kill_by_progress``: SIGKILL (or SIGTERM) the runner once a random number (1-12 per partition)
+  of further commits exist (backing records and fences of every lane, and output-queue commits: a
+  one-commit step writes only its output queue), so kills land at random protocol
   points (inside a commit, between a fork's commits, in a sink's effect, ...).
 - ``kill_in_recovery``: start a runner and SIGKILL it once 1..9 of its ten lanes (five processors,
   two partitions each) have fenced (their backing queue got the new epoch commit): the others
@@ -17,8 +17,8 @@ speed, so a replay re-runs the same kinds in the same order against the same key
 - ``kill_after_start``: SIGKILL or SIGTERM a runner 0.5-8 s after it started (Spark starting,
   recovery, the first steps).
 - ``kill_feeder``: SIGKILL a feeder (idempotent or transactional) mid-stream; it is restarted.
-- ``concurrent``: a second runner of the same graph on the same lake for a while, then one of the
-  two is killed.
+- ``concurrent``: a second runner of the same graph on the same lake until 4-16 further commits
+  per partition, then one of the two is killed.
 - Maintenance (a thread): compaction, checkpoints and vacuum (retention 1 h) of random queues via
   the Queue maintenance API, and now and then ``cues queue maintain`` as a child process.
 - A tailer (a thread) reads each partition of ``enriched`` read_committed and commits its
@@ -44,6 +44,11 @@ from cues_platform.jepsen import workload as w
 
 GRAPH_FILE = Path(__file__).resolve().parent / "user" / "jepsen_graph.py"
 GRAPH_REF = f"{GRAPH_FILE}:graph"
+# Commit counts of the progress gauge scale with the lanes per processor: a runner's recovery
+# alone commits each lane's fences (its backing queue and its output queues: about 20 commits
+# with two lanes, 10 with one), so "1-12 more commits" of a one-lane graph is "1-24" here;
+# unscaled, every kill by progress of a fresh runner would land inside its recovery.
+PER_LANE = len(w.PARTITIONS)
 
 
 @dataclass
@@ -244,7 +249,7 @@ class Nemesis:
         self.stats.actions.append(action)
         runner = self.runners[-1]
         if action == "kill_by_progress":
-            self.wait_progress(progress(self.lake_root) + self.rng.randint(1, 12), runner,
+            self.wait_progress(progress(self.lake_root) + self.rng.randint(1, 12 * PER_LANE), runner,
                                min(until, time.monotonic() + 60))
             sig, label = self._sig()
             self.kill(runner, sig, f"runner {label} by progress")
@@ -279,7 +284,7 @@ class Nemesis:
         elif action == "concurrent":
             second = self.start_runner()
             self.stats.concurrent_periods += 1
-            target = progress(self.lake_root) + self.rng.randint(4, 16)
+            target = progress(self.lake_root) + self.rng.randint(4 * PER_LANE, 16 * PER_LANE)
             deadline = min(until + 30, time.monotonic() + 60)
             while (runner.alive or second.alive) and progress(self.lake_root) < target \
                     and time.monotonic() < deadline:
