@@ -22,10 +22,12 @@ import click
               help="Share of idempotent batches whose acknowledgement is lost.")
 @click.option("--no-concurrent", is_flag=True, help="Never run two runners at once.")
 @click.option("--no-maintenance", is_flag=True, help="No compaction/vacuum racing.")
+@click.option("--min-kills", type=int, default=3, show_default=True,
+              help="Go on with the faults past --duration until this many kills (at most 180 s more).")
 @click.option("--resend-in-txn", is_flag=True,
               help="Also resend batches inside transactions (a lost ack within a transaction).")
 def jepsen(seed: int | None, duration: float, keys: int, workdir: Path | None, lost_ack_rate: float,
-           no_concurrent: bool, no_maintenance: bool, resend_in_txn: bool) -> None:
+           no_concurrent: bool, no_maintenance: bool, min_kills: int, resend_in_txn: bool) -> None:
     """Jepsen-style harness: `cues run` of a 5-processor graph (two partitions per queue, two lanes
     per processor) under SIGKILL/SIGTERM, killed
     feeders, lost acks, concurrent runners and racing maintenance; an independent checker reads the
@@ -36,6 +38,7 @@ def jepsen(seed: int | None, duration: float, keys: int, workdir: Path | None, l
     workdir = workdir or Path(tempfile.mkdtemp(prefix=f"cues-jepsen-{seed}-"))
     config = HarnessConfig(seed=seed, workdir=workdir, duration=duration, keys=keys,
                            lost_ack_rate=lost_ack_rate, concurrent=not no_concurrent,
-                           maintenance=not no_maintenance, resend_in_txn=resend_in_txn)
+                           maintenance=not no_maintenance, resend_in_txn=resend_in_txn,
+                           min_kills=min_kills)
     result = run_harness(config, echo=lambda line: click.echo(line))
     sys.exit(0 if result.ok else 1)

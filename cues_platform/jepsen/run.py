@@ -6,7 +6,9 @@ Delivery contract of :func:`run_harness`:
 2. Create the graph's queues and the transactional feeder's progress queue.
 3. Start the feeders and one runner; for ``duration`` seconds let the nemesis act (kills of every
    kind, concurrent runners) while maintenance and a tailer race in the background (until the
-   drain is over).
+   drain is over). The faults go on past ``duration`` until ``min_kills`` processes were killed
+   (at most ``MAX_EXTRA_FAULT_SECONDS`` more): a slow machine, whose Spark takes most of the
+   window to start, must not turn a run into one without faults.
 4. Heal: stop the faults, let every feeder finish (restarting killed ones), stop the runners.
 5. Drain: ``cues run --idle-exit`` until no processor has work (retried if it fails, which is
    reported).
@@ -30,6 +32,8 @@ from cues_platform.jepsen import workload as w
 from cues_platform.jepsen.checker import CheckReport, Expectation, check_lake, format_checks
 from cues_platform.jepsen.nemesis import GRAPH_REF, Background, Nemesis, Stats
 
+MAX_EXTRA_FAULT_SECONDS = 180.0
+
 
 @dataclass(frozen=True)
 class HarnessConfig:
@@ -42,6 +46,7 @@ class HarnessConfig:
     concurrent: bool = True
     maintenance: bool = True
     resend_in_txn: bool = False
+    min_kills: int = 3  # faults go on past ``duration`` until this many kills (Step 3)
     drain_timeout: float = 600.0
     idle_exit: float = 6.0
 
@@ -64,6 +69,7 @@ class HarnessResult:
     def replay_command(self) -> str:
         c = self.config
         flags = [f"--lost-ack-rate {c.lost_ack_rate:g}"] if c.lost_ack_rate != 0.05 else []
+        flags += [f"--min-kills {c.min_kills}"] if c.min_kills != 3 else []
         flags += [f for f, on in (("--no-concurrent", not c.concurrent),
                                   ("--no-maintenance", not c.maintenance),
                                   ("--resend-in-txn", c.resend_in_txn)) if on]
@@ -142,9 +148,11 @@ def run_harness(config: HarnessConfig, *, echo: Callable[[str], None] = print) -
         if config.maintenance:
             background.start()
         until = time.monotonic() + config.duration
-        while time.monotonic() < until:
+        last_call = until + MAX_EXTRA_FAULT_SECONDS
+        while time.monotonic() < until or (
+                sum(nemesis.stats.kills.values()) < config.min_kills and time.monotonic() < last_call):
             nemesis.tend()
-            nemesis.act(until)
+            nemesis.act(max(until, min(last_call, time.monotonic() + 10)))
         echo(f"jepsen seed {config.seed}: faults over ({sum(nemesis.stats.kills.values())} kills); healing")
         # Step 4 (maintenance and the tailer go on racing until the drain is over)
         deadline = time.monotonic() + config.drain_timeout
