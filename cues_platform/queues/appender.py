@@ -18,7 +18,9 @@ Delivery contract of :func:`append_batches` (every retry starts again at step 1)
 5. If another writer committed an app transaction with the same id since step 1 (it took the same
    offsets, or it is another instance of the same producer), delta-rs rejects the commit with a
    concurrent-transaction conflict: back off with jitter and go to 1. Writers to other partitions
-   never conflict: delta-rs rebases the commit over theirs.
+   never conflict: delta-rs rebases the commit over theirs, up to ``REBASE_RETRIES`` times (its
+   default, 15, was exceeded by four loaded writers of 15 commits each, which cost a retry of this
+   loop: a new snapshot and files written again).
 
 On abort (exception, SIGKILL) before step 4's commit, no row is visible; Parquet files already
 written are orphans that vacuum removes (they are in no snapshot). After the commit, the batch is
@@ -62,6 +64,7 @@ if TYPE_CHECKING:
     from cues_platform.queues.queue import Queue
 
 DEFAULT_MAX_ATTEMPTS = 200
+REBASE_RETRIES = 100  # delta-rs rebases over non-conflicting commits (step 5)
 
 
 @dataclass(frozen=True)
@@ -216,7 +219,7 @@ def append_batches(
                     mode="append",
                     partition_by=[PARTITION],
                     commit_properties=CommitProperties(
-                        app_transactions=txns,
+                        app_transactions=txns, max_commit_retries=REBASE_RETRIES,
                         custom_metadata={**metadata, "cues.ranges": _ranges_text(ranges)},
                     ),
                     post_commithook_properties=COMMIT_HOOKS,

@@ -38,7 +38,7 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction
 from pyarrow import fs
 
-from cues_platform.queues.appender import DEFAULT_MAX_ATTEMPTS, AppendResult, Guard
+from cues_platform.queues.appender import DEFAULT_MAX_ATTEMPTS, REBASE_RETRIES, AppendResult, Guard
 from cues_platform.queues.errors import ConcurrentAppendError, QueueError
 from cues_platform.queues.maintenance import COMMIT_HOOKS
 from cues_platform.queues.names import join_uri
@@ -248,7 +248,8 @@ def commit_files(
                 dt.create_write_transaction(
                     actions, mode="append", schema=queue.table_schema, partition_by=[PARTITION],
                     commit_properties=CommitProperties(app_transactions=txns,
-                                                       custom_metadata=metadata),
+                                                       custom_metadata=metadata,
+                                                       max_commit_retries=REBASE_RETRIES),
                     post_commithook_properties=COMMIT_HOOKS)
                 before = dt.version()
                 version = _committed_version(queue, before, metadata["cues.commit"])
