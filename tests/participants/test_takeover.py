@@ -306,22 +306,22 @@ def test_scale_down_for_good_real_processes(tmp_path: Path, make_db: Callable[[s
         wait_until(lambda: _owners(dsn_a) == {p.name for p in producers}
                    and _done(dsn_a, total), timeout=180,
                    what="3 slot holders and the results of wave 0")
-        total += _post(lake, dsn_a, 800, "w1-")
+        total += _post(lake, dsn_a, 300, "w1-")
         wait_until(lambda: _published(dsn_a, "w1-") >= 10, timeout=60, what="wave 1 flowing")
-        assert _published(dsn_a, "w1-") < 800, "wave 1 must still be flowing"
+        assert _published(dsn_a, "w1-") < 300, "wave 1 must still be flowing"
         producers[1].kill()
         producers[2].kill()
         owner = query(dsn_x, "SELECT owner FROM leases WHERE name = 'consumer'")[0][0]
         holder = next(c for c in consumers if owner.startswith(f"{c.name}#"))
         holder.kill()
-        total += _post(lake, dsn_a, 100, "w2-")
+        total += _post(lake, dsn_a, 50, "w2-")
         wait_until(lambda: _done(dsn_a, total), timeout=240, what="phase 1 to complete")
         assert _owners(dsn_a) == {"bank-a-0"}
         # phase 2: the last instance of generation 1 dies mid-flow; generation 2 has --slots 1
-        total += _post(lake, dsn_a, 400, "w3-")
+        total += _post(lake, dsn_a, 150, "w3-")
         wait_until(lambda: _published(dsn_a, "w3-") >= 10, timeout=60, what="wave 3 flowing")
         producers[0].kill()
-        assert _published(dsn_a, "w3-") < 400, "wave 3 must still be flowing"
+        assert _published(dsn_a, "w3-") < 150, "wave 3 must still be flowing"
         gen2.start(lake.root, net.env)
         wait_until(lambda: _done(dsn_a, total), timeout=240, what="generation 2 to drain")
         assert _owners(dsn_a) == {"bank-a-gen2"}
