@@ -441,6 +441,7 @@ class _StartupInterrupted(Exception):  # noqa: N818 - a requested stop, reported
 
 main.add_command(participant)  # cues participant ... (the postings protocol, seed 002)
 main.add_command(__import__("cues_platform.jepsen.cli", fromlist=["jepsen"]).jepsen)  # cues jepsen
+main.add_command(__import__("cues_platform.spark.cli", fromlist=["spark"]).spark)  # cues spark
 
 if __name__ == "__main__":
     main()
