@@ -170,7 +170,8 @@ def write_by_executors(
             F.lit(now).cast("timestamp").alias(APPEND_TIME),
             F.lit(None).cast("string").alias(TXN_ID),
         )
-        out.write.mode("errorifexists").parquet(join_uri(queue.uri, relative))
+        # "error" (= errorifexists): the one spelling Spark Connect's writer accepts too
+        out.write.mode("error").parquet(join_uri(queue.uri, relative))
     finally:
         if cache:
             cached.unpersist()

@@ -22,7 +22,9 @@ it escaped from:
   plan. The user's when the user's logic failed on the executors (a UDF raised: ``PythonException``;
   ANSI arithmetic, cast, date/time and other Spark runtime errors; ``AnalysisException``), or the
   returned value is not a table; the platform's otherwise (Py4J/Java failures such as
-  ``SparkFileNotFoundException`` or a lost executor, ``OSError``, ``MemoryError``, Delta).
+  ``SparkFileNotFoundException`` or a lost executor, ``OSError``, ``MemoryError``, Delta, and a
+  pyspark error raised by the Python client itself, such as ``PySparkValueError``: only the
+  platform calls pyspark's API in this phase).
 - ``STAGE``: conforming to the output queues and writing the staged files. A contract break is
   handled; anything else (disk, Arrow I/O) is the platform's.
 """
@@ -52,6 +54,7 @@ PLATFORM_TYPE_PREFIXES: tuple[str, ...] = (
     "deltalake.",
     "cues_platform.",
     "pyspark.errors.exceptions.connect.SparkConnectGrpcException",
+    "pyspark.errors.exceptions.connect.SparkException",  # Connect's fallback for a JVM failure
 )
 
 
@@ -107,6 +110,10 @@ _SPARK_PLATFORM_CONDITIONS = frozenset({
     "JAVA_GATEWAY_EXITED", "CANNOT_CONFIGURE_SPARK_CONNECT", "SESSION_OR_CONTEXT_NOT_EXISTS",
     "NO_ACTIVE_SESSION", "NO_ACTIVE_OR_DEFAULT_SESSION", "SPARK_CONNECT_RETRIES_EXCEEDED",
 })
+# A file of the plan is gone. Spark Connect sends the unresolved plan with every action, so the
+# server resolves the input files again while the result is materialized: a step's input file
+# that vanished after step 2 surfaces as an AnalysisException there, never the user's logic.
+_MISSING_FILE_CONDITIONS = frozenset({"PATH_NOT_FOUND"})
 _PLATFORM_MODULE_PREFIXES = ("py4j", "pyspark", "deltalake", "cues_platform", "grpc")
 
 
@@ -124,6 +131,19 @@ def _spark_origin(exc: BaseException) -> Origin | None:
     if "pyspark.errors.exceptions.connect.RetriesExceeded" in names:
         return Origin.PLATFORM
     return None
+
+
+def _python_side_pyspark_error(exc: BaseException) -> bool:
+    """A pyspark error raised by the Python client itself (``PySparkValueError``...), not one
+    converted from the JVM or the Connect server (those subclass ``captured``/``connect`` types).
+    While materializing, only the platform calls pyspark's API (``toArrow``, ``write``), so such
+    an error is ours: filing it as the user's would send every step to the error queue. Found by
+    Spark Connect, whose writer refused ``mode("errorifexists")``."""
+    names = _mro_names(exc)
+    if "pyspark.errors.exceptions.base.PySparkException" not in names:
+        return False
+    converted = ("pyspark.errors.exceptions.captured.", "pyspark.errors.exceptions.connect.")
+    return not any(n.startswith(converted) for n in names)
 
 
 def _raised_in_platform_code(exc: BaseException) -> bool:
@@ -149,6 +169,10 @@ def origin_of(exc: BaseException, *, phase: Phase) -> Origin:
         return Origin.PLATFORM  # the platform's own failure (Delta, fencing, a sink's storage)
     if any(n.startswith("deltalake.") for n in names):
         return Origin.PLATFORM
+    if phase is Phase.MATERIALIZE and _python_side_pyspark_error(exc):
+        return Origin.PLATFORM  # our own call into pyspark's API refused, before the plan ran
+    if phase is Phase.MATERIALIZE and getattr(exc, "_errorClass", None) in _MISSING_FILE_CONDITIONS:
+        return Origin.PLATFORM  # Spark Connect analyzes the plan again at execution: see above
     spark = _spark_origin(exc)
     if spark is not None:
         return spark

@@ -130,6 +130,7 @@ from cues_platform.queues.by_reference import WrittenPart
 from cues_platform.queues.errors import SchemaError
 from cues_platform.queues.reader import execute_spark, plan_read
 from cues_platform.queues.schema import RESERVED
+from cues_platform.spark.connect import is_connect
 
 Hook = Callable[[str], None]
 
@@ -224,7 +225,9 @@ class StepBase:
             frames = {}
             for binding, r in snapshot.inputs.items():
                 plan = plan_read(self.queues[r.queue], partition=r.partition, start=r.start, end=r.end)
-                frames[binding] = execute_spark(self.queues[r.queue], self.spark, plan)
+                frames[binding] = frame = execute_spark(self.queues[r.queue], self.spark, plan)
+                if is_connect(self.spark):
+                    frame.schema  # noqa: B018 - Connect resolves lazily: a missing file fails HERE
         self.hook("after_read")
         return frames
 

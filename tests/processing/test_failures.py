@@ -203,3 +203,21 @@ def test_spark_jvm_dying_mid_step_is_a_platform_failure(spark, tmp_path):
     assert read_home(lake.queue("b"), build_graph("fork").processors[PID]).step == 0
     GraphRunner(graph=build_graph("fork"), lake=lake, spark=spark).run_until_idle()
     check_exact(lake, "fork", "output")
+
+
+def test_a_pyspark_client_error_while_materializing_is_the_platforms_not_the_users():
+    """pyspark's own Python-side refusal (here Spark Connect's writer refusing a save mode) raised
+    while the platform writes the step is a platform failure; the same error raised inside the
+    user's function (the user misused pyspark) stays the user's; a UDF's error converted from the
+    executors stays the user's in both phases."""
+    from pyspark.errors import PySparkValueError
+    from pyspark.errors.exceptions.connect import PythonException
+
+    from cues_platform.processing.failures import Phase, origin_of
+
+    refused = PySparkValueError(errorClass="UNSUPPORTED_OPERATION",
+                                messageParameters={"operation": "errorifexists"})
+    assert origin_of(refused, phase=Phase.MATERIALIZE) is Origin.PLATFORM
+    assert origin_of(refused, phase=Phase.FUNCTION) is Origin.USER
+    udf_raised = PythonException(message="ValueError: bad row")  # as Spark Connect converts it
+    assert origin_of(udf_raised, phase=Phase.MATERIALIZE) is Origin.USER
