@@ -8,6 +8,8 @@ import pyarrow as pa
 
 from cues_platform.audit.errors import AuditError, LakeNotFoundError
 from cues_platform.queues import Lake, Queue
+from cues_platform.queues.faults import unreachable
+from cues_platform.queues.filesystems import filesystem_for
 from cues_platform.queues.names import join_uri
 
 
@@ -49,10 +51,14 @@ def list_dirs(uri: str, lake: Lake) -> list[str]:
     from pyarrow import fs
 
     try:
-        filesystem, path = fs.FileSystem.from_uri(uri)
+        filesystem, path = filesystem_for(uri, lake.options)
         infos = filesystem.get_file_info(fs.FileSelector(path, allow_not_found=True))
     except (OSError, pa.ArrowException) as exc:
-        raise AuditError(f"cannot list {uri}: {exc}", uri=uri) from exc
+        unreachable_store = unreachable(exc, table=f"lake {lake.root}", uri=uri, during="list")
+        if unreachable_store is not None:
+            raise unreachable_store from exc
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise AuditError(f"cannot list {uri}: {reason}", uri=uri) from exc
     return sorted(i.base_name for i in infos if i.type == fs.FileType.Directory)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -29,6 +30,7 @@ from cues_platform.queues.errors import (
     QueueError,
     QueueNotFoundError,
 )
+from cues_platform.queues.filesystems import filesystem_for
 from cues_platform.queues.integrity import find_inconsistencies
 from cues_platform.queues.names import join_uri
 
@@ -91,14 +93,12 @@ def unwritable_error(exc: BaseException, *, table: str, uri: str) -> UnwritableT
     )  # fmt: skip
 
 
-def _filesystem(uri: str) -> tuple[fs.FileSystem, str]:
-    if "://" not in uri or uri.startswith("file://"):
-        return fs.LocalFileSystem(), uri.removeprefix("file://")
-    return fs.FileSystem.from_uri(uri)
+def _filesystem(uri: str, options: Mapping[str, str] | None) -> tuple[fs.FileSystem, str]:
+    return filesystem_for(uri, options)
 
 
-def _has_files(uri: str) -> bool:
-    filesystem, path = _filesystem(uri)
+def _has_files(uri: str, options: Mapping[str, str] | None) -> bool:
+    filesystem, path = _filesystem(uri, options)
     infos = filesystem.get_file_info(fs.FileSelector(path, allow_not_found=True, recursive=True))
     return any(i.type == fs.FileType.File for i in infos)
 
@@ -121,7 +121,7 @@ def check_table(
         dt = queue.refresh()
     except (QueueNotFoundError, MissingLogError):
         try:
-            has_files = _has_files(uri)
+            has_files = _has_files(uri, lake.options)
         except STORAGE_ERRORS as exc:
             return None, [bad(UNREADABLE, unreadable_error(exc, table=table, uri=uri).message)], []
         if not has_files:
@@ -135,7 +135,7 @@ def check_table(
         )], []  # fmt: skip
     except (*STORAGE_ERRORS, LogIntegrityError) as exc:
         try:  # name the damaged commit file when the log's own files show it
-            damaged = _commit_problems(table, uri, None)
+            damaged = _commit_problems(table, uri, None, lake.options)
         except STORAGE_ERRORS:
             damaged = []
         if damaged:
@@ -146,7 +146,7 @@ def check_table(
     problems: list[Violation] = []
     try:
         # Step 5a: the commit files the snapshot is made of (after its checkpoint) are whole.
-        problems += [bad(CORRUPT_LOG, m, file=f) for m, f in _commit_problems(table, uri, dt)]
+        problems += [bad(CORRUPT_LOG, m, file=f) for m, f in _commit_problems(table, uri, dt, lake.options)]
         # Step 5b: the log's next offsets agree with the files' statistics.
         problems += [
             bad(CORRUPT_LOG, f"{i.detail}", partition=i.partition)
@@ -154,9 +154,9 @@ def check_table(
             if i.kind in ("rows", "offsets")  # damaged commits and lost files: 5a and 5c name them
         ]
         # Step 5c: every data file the log names is there, with the size the log says.
-        missing = _missing_files(table, uri, dt)
+        missing = _missing_files(table, uri, dt, lake.options)
         if missing:  # a maintenance commit may have replaced them since: ask the newest snapshot
-            missing = _missing_files(table, uri, queue.refresh())
+            missing = _missing_files(table, uri, queue.refresh(), lake.options)
         problems += [bad(UNREADABLE, m, file=f) for m, f in missing]
     except STORAGE_ERRORS as exc:
         problems.append(unreadable_violation(exc, table=table, uri=uri, processor=processor))
@@ -171,10 +171,11 @@ def unreadable_violation(
     return Violation(UNREADABLE, err.message, processor=processor, queue=table, file=err.file)
 
 
-def _commit_problems(table: str, uri: str, dt: DeltaTable | None) -> list[tuple[str, str]]:
+def _commit_problems(table: str, uri: str, dt: DeltaTable | None,
+                     options: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
     """Empty or unparsable commit files after the snapshot's checkpoint (``dt`` None: a table
     that does not open; every commit after the newest checkpoint)."""
-    filesystem, log = _filesystem(join_uri(uri, "_delta_log"))
+    filesystem, log = _filesystem(join_uri(uri, "_delta_log"), options)
     infos = filesystem.get_file_info(fs.FileSelector(log, allow_not_found=True))
     commits, checkpoints = {}, []
     for info in infos:
@@ -214,11 +215,12 @@ def _commit_problems(table: str, uri: str, dt: DeltaTable | None) -> list[tuple[
     return problems
 
 
-def _missing_files(table: str, uri: str, dt: DeltaTable) -> list[tuple[str, str]]:
+def _missing_files(table: str, uri: str, dt: DeltaTable,
+                   options: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
     adds = dt.get_add_actions(flatten=True)
     if adds.num_rows == 0:
         return []
-    filesystem, base = _filesystem(uri)
+    filesystem, base = _filesystem(uri, options)
     paths = [
         unquote(p) if p.startswith("/") or "://" in p else f"{base.rstrip('/')}/{unquote(p)}"
         for p in adds["path"].to_pylist()
@@ -245,7 +247,7 @@ def open_checked(lake: Lake, name: str, *, uri: str | None = None, table: str | 
     """Open a queue for a command, refusing one whose log or files are damaged (the error names
     the table, the file and what to do)."""
     uri = uri or lake.queue_uri(name)
-    filesystem, path = _filesystem(uri)
+    filesystem, path = _filesystem(uri, lake.options)
     try:
         missing = filesystem.get_file_info(path).type == fs.FileType.NotFound
     except STORAGE_ERRORS as exc:

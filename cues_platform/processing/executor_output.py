@@ -185,7 +185,7 @@ def write_by_executors(
 
 
 def _parquet_files(queue: Queue, relative: str) -> list[str]:
-    filesystem, path = filesystem_of(join_uri(queue.uri, relative))
+    filesystem, path = filesystem_of(join_uri(queue.uri, relative), queue.lake.options)
     infos = filesystem.get_file_info(fs.FileSelector(path))
     return sorted(i.base_name for i in infos
                   if i.base_name.endswith(".parquet") and not i.base_name.startswith((".", "_")))

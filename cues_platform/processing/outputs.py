@@ -33,6 +33,7 @@ from cues_platform.queues import Lake, Queue
 from cues_platform.queues.appender import AppendResult, append_batches
 from cues_platform.queues.by_reference import WrittenPart, append_written
 from cues_platform.queues.errors import SchemaError
+from cues_platform.queues.filesystems import filesystem_for, join_path
 from cues_platform.queues.names import join_uri
 from cues_platform.queues.schema import conform
 
@@ -109,26 +110,34 @@ def conformed(queues: Mapping[str, Queue], tables: Mapping[str, Mapping[str, pa.
 def stage(lake: Lake, snapshot: Snapshot, ready: Mapping[str, Mapping[str, pa.Table]]) -> Staged:
     """Step 4 (exactly_once, an attempt over several queues): write each conformed (queue,
     partition) table as a staged Parquet file that the attempt record refers to."""
-    base = join_uri(lake.system_uri("staging", snapshot.processor), f"{snapshot.step:012d}-{snapshot.delivery_hash[:8]}")
-    filesystem, root = fs.FileSystem.from_uri(base) if "://" in base else (fs.LocalFileSystem(), base)
+    base = _staging_uri(lake, snapshot)
+    filesystem, root = filesystem_for(base, lake.options)
     filesystem.create_dir(root, recursive=True)
     staged: Staged = {}
     for qname, parts in ready.items():
         for part, table in parts.items():
             # A unique name per attempt: a fenced (older) instance still preparing the same step can
             # never overwrite the files that the newer instance's attempt record refers to.
-            path = f"{root}/{qname}--{part}--{uuid.uuid4().hex[:12]}.parquet"
-            pq.write_table(table, path, filesystem=filesystem)
-            staged.setdefault(qname, {})[part] = path
+            name = f"{qname}--{part}--{uuid.uuid4().hex[:12]}.parquet"
+            pq.write_table(table, join_path(root, name), filesystem=filesystem)
+            # the attempt record keeps the file's URI (a local lake: its path, as before)
+            staged.setdefault(qname, {})[part] = join_uri(base, name)
     return staged
 
 
-def read_staged(files: Mapping[str, str]) -> dict[str, pa.Table]:
-    """``{partition: table}`` of one queue's staged files (raises OSError when one is gone)."""
+def _staging_uri(lake: Lake, snapshot: Snapshot) -> str:
+    return join_uri(lake.system_uri("staging", snapshot.processor),
+                    f"{snapshot.step:012d}-{snapshot.delivery_hash[:8]}")
+
+
+def read_staged(files: Mapping[str, str], storage_options: Mapping[str, str] | None = None
+                ) -> dict[str, pa.Table]:
+    """``{partition: table}`` of one queue's staged files (raises OSError when one is gone);
+    ``storage_options``: the lake's, for staged files on an object store."""
     tables = {}
-    for part, path in files.items():
-        filesystem, p = fs.FileSystem.from_uri(path) if "://" in path else (fs.LocalFileSystem(), path)
-        tables[part] = pq.read_table(p, filesystem=filesystem)
+    for part, uri in files.items():
+        filesystem, path = filesystem_for(uri, storage_options)
+        tables[part] = pq.read_table(path, filesystem=filesystem)
     return tables
 
 
@@ -169,7 +178,7 @@ def commit_staged(lake: Lake, queue: Queue, snapshot: Snapshot, files: Mapping[s
     """Step 5: append one queue's staged files in one commit, at most once per step."""
     if delivered_to(queue, snapshot.processor, snapshot.step):
         return AppendResult(queue=queue.name, ranges={}, duplicate=True)
-    tables = read_staged(files)
+    tables = read_staged(files, lake.options)
     return commit_once(queue, snapshot, tables, prepared=True, message_type=message_type)
 
 
@@ -191,8 +200,7 @@ def commit_once(queue: Queue, snapshot: Snapshot, tables: Mapping[str, Any], *, 
 
 
 def remove_staging(lake: Lake, snapshot: Snapshot) -> None:
-    base = join_uri(lake.system_uri("staging", snapshot.processor), f"{snapshot.step:012d}-{snapshot.delivery_hash[:8]}")
-    filesystem, root = fs.FileSystem.from_uri(base) if "://" in base else (fs.LocalFileSystem(), base)
+    filesystem, root = filesystem_for(_staging_uri(lake, snapshot), lake.options)
     if filesystem.get_file_info(root).type != fs.FileType.NotFound:
         filesystem.delete_dir(root)
 

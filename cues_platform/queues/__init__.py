@@ -17,6 +17,7 @@ from cues_platform.queues.errors import (
     SchemaError,
     SequenceError,
     SequenceMismatchError,
+    StorageUnreachableError,
     TransactionStateError,
     UnknownPartitionError,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "SchemaError",
     "SequenceError",
     "SequenceMismatchError",
+    "StorageUnreachableError",
     "Tailer",
     "TransactionStateError",
     "TransactionalProducer",

@@ -46,6 +46,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from cues_platform.queues.errors import BatchError, ConcurrentAppendError
+from cues_platform.queues.faults import translated
 from cues_platform.queues.maintenance import COMMIT_HOOKS
 from cues_platform.queues.schema import (
     APPEND_TIME,
@@ -184,55 +185,57 @@ def append_batches(
     if opts.digest is not None:
         metadata["cues.digest"] = opts.digest
     delay = 0.002
-    for attempt in range(1, max_attempts + 1):
-        # Step 1
-        dt = queue.refresh()
-        queue.ensure_appendable(dt)  # a damaged log (storage fault) refuses: LogIntegrityError
-        # Step 2
-        for guard in guards:
-            done = guard(dt)
-            if done is not None:
-                return done
-        # Step 3
-        now = datetime.now(UTC)
-        parts, ranges, txns = [], {}, []
-        for partition, table in tables.items():
-            start = queue.next_offset(partition, snapshot=dt)
-            end = start + table.num_rows
-            ranges[partition] = (start, end)
-            parts.append(
-                _with_metadata(table, partition=partition, start=start, opts=opts, now=now)
-            )
-            txns.append(Transaction(f"part:{partition}", end))
-        txns += [Transaction(app_id, version) for app_id, version in opts.app_transactions]
-        if not parts:
-            data = queue.table_schema.empty_table()
-        else:
-            data = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-            data = data.cast(queue.table_schema)
-        # Step 4
-        try:
-            with queue._lock:
-                write_deltalake(
-                    dt,
-                    data,
-                    mode="append",
-                    partition_by=[PARTITION],
-                    commit_properties=CommitProperties(
-                        app_transactions=txns, max_commit_retries=REBASE_RETRIES,
-                        custom_metadata={**metadata, "cues.ranges": _ranges_text(ranges)},
-                    ),
-                    post_commithook_properties=COMMIT_HOOKS,
+    # a store that stops answering (after delta-rs' retries) is one typed error, wherever it hits
+    with translated(table=f"queue {queue.name!r}", uri=queue.uri, during="commit"):
+        for attempt in range(1, max_attempts + 1):
+            # Step 1
+            dt = queue.refresh()
+            queue.ensure_appendable(dt)  # a damaged log (storage fault) refuses: LogIntegrityError
+            # Step 2
+            for guard in guards:
+                done = guard(dt)
+                if done is not None:
+                    return done
+            # Step 3
+            now = datetime.now(UTC)
+            parts, ranges, txns = [], {}, []
+            for partition, table in tables.items():
+                start = queue.next_offset(partition, snapshot=dt)
+                end = start + table.num_rows
+                ranges[partition] = (start, end)
+                parts.append(
+                    _with_metadata(table, partition=partition, start=start, opts=opts, now=now)
                 )
-                version = dt.version()
-        except CommitFailedError:
-            # Step 5
-            time.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, 0.25)
-            continue
-        return AppendResult(
-            queue=queue.name, ranges=ranges, version=version, attempts=attempt, metadata=metadata
-        )
+                txns.append(Transaction(f"part:{partition}", end))
+            txns += [Transaction(app_id, version) for app_id, version in opts.app_transactions]
+            if not parts:
+                data = queue.table_schema.empty_table()
+            else:
+                data = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+                data = data.cast(queue.table_schema)
+            # Step 4
+            try:
+                with queue._lock:
+                    write_deltalake(
+                        dt,
+                        data,
+                        mode="append",
+                        partition_by=[PARTITION],
+                        commit_properties=CommitProperties(
+                            app_transactions=txns, max_commit_retries=REBASE_RETRIES,
+                            custom_metadata={**metadata, "cues.ranges": _ranges_text(ranges)},
+                        ),
+                        post_commithook_properties=COMMIT_HOOKS,
+                    )
+                    version = dt.version()
+            except CommitFailedError:
+                # Step 5
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 0.25)
+                continue
+            return AppendResult(
+                queue=queue.name, ranges=ranges, version=version, attempts=attempt, metadata=metadata
+            )
     raise ConcurrentAppendError(
         f"queue {queue.name!r}: gave up after {max_attempts} attempts because other writers kept "
         f"taking the same offsets of {sorted(tables)}; retry later or spread writers over partitions",

@@ -40,6 +40,7 @@ from pyarrow import fs
 
 from cues_platform.queues.appender import DEFAULT_MAX_ATTEMPTS, REBASE_RETRIES, AppendResult, Guard
 from cues_platform.queues.errors import ConcurrentAppendError, QueueError
+from cues_platform.queues.filesystems import filesystem_for
 from cues_platform.queues.maintenance import COMMIT_HOOKS
 from cues_platform.queues.names import join_uri
 from cues_platform.queues.schema import APPEND_TIME, OFFSET, PARTITION, TXN_ID
@@ -94,14 +95,15 @@ def _iso(value: Any) -> Any:
     return value
 
 
-def filesystem_of(uri: str) -> tuple[fs.FileSystem, str]:
-    """The pyarrow file system and path of a URI (a bare path is local)."""
-    return fs.FileSystem.from_uri(uri) if "://" in uri else (fs.LocalFileSystem(), uri)
+def filesystem_of(uri: str, storage_options: Mapping[str, str] | None = None) -> tuple[fs.FileSystem, str]:
+    """The pyarrow file system and path of a URI (a bare path is local; a remote one goes
+    through delta-rs' object store with the lake's ``storage_options``)."""
+    return filesystem_for(uri, storage_options)
 
 
 def read_footer(queue: Queue, relative: str) -> FileFooter:
     """A written file's footer as statistics (Step 1); reads no row."""
-    filesystem, path = filesystem_of(join_uri(queue.uri, relative))
+    filesystem, path = filesystem_of(join_uri(queue.uri, relative), queue.lake.options)
     info = filesystem.get_file_info(path)
     with filesystem.open_input_file(path) as handle:
         meta = pq.ParquetFile(handle).metadata
@@ -169,7 +171,7 @@ def read_written_paths(queue: Queue, paths: Sequence[str]) -> pa.Table:
     """:func:`read_written` by relative paths (files whose footers could not be used)."""
     tables = []
     for relative in paths:
-        filesystem, path = filesystem_of(join_uri(queue.uri, relative))
+        filesystem, path = filesystem_of(join_uri(queue.uri, relative), queue.lake.options)
         tables.append(pq.read_table(path, filesystem=filesystem))
     if not tables:
         return queue.payload_schema.empty_table()

@@ -122,3 +122,17 @@ class PositionRangeError(OffsetRangeError):
 
     Carries ``queue``, ``tailer``, ``partition``, ``position`` and ``valid`` (the inclusive range).
     """
+
+
+class StorageUnreachableError(QueueError):
+    """The lake's object store did not answer (connection refused or reset, a timeout, an unknown
+    host) after delta-rs' own retries (storage options ``max_retries``, ``retry_timeout``).
+
+    Retryable: nothing was lost. Carries ``table``, ``uri``, ``endpoint`` (when known),
+    ``during`` (what was being done) and ``reason`` (the innermost cause). A failed commit may
+    still have landed if its request reached the store before the fault: a producer resends the
+    same batch (its sequence makes the resend a no-op), a step is recovered from its records.
+    """
+
+    retryable = True
+

@@ -31,6 +31,8 @@ from cues_platform.queues.errors import (
     QueueExistsError,
     QueueNotFoundError,
 )
+from cues_platform.queues.faults import translated
+from cues_platform.queues.filesystems import filesystem_for
 from cues_platform.queues.integrity import (
     TableStorage,
     check_commits,
@@ -226,8 +228,8 @@ class Lake:
             shutil.rmtree(path, ignore_errors=True)
 
     def list_queues(self) -> list[str]:
-        """Names of the queues under this lake (local lakes list the folder; remote ones use
-        pyarrow's filesystem)."""
+        """Names of the queues under this lake (local lakes list the folder; remote ones list
+        through delta-rs' object store with the lake's storage options)."""
         base = join_uri(self.root, "queues")
         if self.is_local:
             folder = self.local_path(base)
@@ -235,8 +237,9 @@ class Lake:
         else:
             from pyarrow import fs
 
-            filesystem, path = fs.FileSystem.from_uri(base)
-            infos = filesystem.get_file_info(fs.FileSelector(path, allow_not_found=True))
+            filesystem, path = filesystem_for(base, self.options)
+            with translated(table=f"lake {self.root}", uri=base, during="list"):
+                infos = filesystem.get_file_info(fs.FileSelector(path, allow_not_found=True))
             names = [i.base_name for i in infos if i.type == fs.FileType.Directory]
         return sorted(n for n in names if _is_queue_name(n) and self.has_queue(n))
 
@@ -246,7 +249,8 @@ class Lake:
         Raises :class:`QueueNotFoundError` (nothing there), :class:`MissingLogError` (files but
         no log) or :class:`LogIntegrityError` (a commit entry that cannot be read)."""
         try:
-            return DeltaTable(uri, version=version, storage_options=self.options)
+            with translated(table=what, uri=uri, during="open"):
+                return DeltaTable(uri, version=version, storage_options=self.options)
         except TableNotFoundError as exc:
             self.refuse_lost_log(uri, what=what)
             raise QueueNotFoundError(

@@ -19,6 +19,8 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import DeltaError
 
 from cues_platform.queues.creation import create_table_once
+from cues_platform.queues.errors import StorageUnreachableError
+from cues_platform.queues.faults import translated
 from cues_platform.queues.integrity import LOG_DIR, TableStorage, handle_is_current
 from cues_platform.queues.lake import Lake
 from cues_platform.queues.maintenance import COMMIT_HOOKS, NO_LOG_CLEANUP_PROPERTY
@@ -76,10 +78,13 @@ class SystemTable:
     def snapshot(self) -> DeltaTable:
         with self.lock:
             try:
-                current = (False if self._log_dir is None
-                           else handle_is_current(self._log_dir, self._dt.version()))
-                if current is False:
-                    self._dt.update_incremental()
+                with translated(table=f"system table {self.name!r}", uri=self.uri, during="refresh"):
+                    current = (False if self._log_dir is None
+                               else handle_is_current(self._log_dir, self._dt.version()))
+                    if current is False:
+                        self._dt.update_incremental()
+            except StorageUnreachableError:
+                raise
             except DeltaError as exc:
                 raise self.lake.diagnose_log(self.uri, what=f"system table {self.name!r}",
                                              error=exc) from exc
@@ -141,7 +146,8 @@ class PositionStore:
             },
             schema=SCHEMA,
         )
-        with self.table.lock:
+        with self.table.lock, translated(table=f"system table {self.table.name!r}", uri=self.table.uri,
+                                         during="commit"):
             write_deltalake(
                 self.table.snapshot(),
                 rows,

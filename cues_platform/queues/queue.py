@@ -18,7 +18,13 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
-from cues_platform.queues.errors import LogIntegrityError, QueueError, UnknownPartitionError
+from cues_platform.queues.errors import (
+    LogIntegrityError,
+    QueueError,
+    StorageUnreachableError,
+    UnknownPartitionError,
+)
+from cues_platform.queues.faults import translated
 from cues_platform.queues.integrity import (
     Inconsistency,
     TableStorage,
@@ -104,7 +110,10 @@ class Queue:
         naming the damaged file."""
         with self._lock:
             try:
-                return self._refresh()
+                with translated(table=f"queue {self.name!r}", uri=self.uri, during="refresh"):
+                    return self._refresh()
+            except StorageUnreachableError:
+                raise
             except DeltaError as exc:
                 raise self.lake.diagnose_log(self.uri, what=f"queue {self.name!r}", error=exc) from exc
 
