@@ -119,8 +119,12 @@ def build_definitions(
               if name not in external_names]  # read by a processor: already an external asset
     _check_unique_keys(graph, prefix, {s.key for s in [*externals, *errors]})
     keys = [k for pid in graph.family_order() for k in processor_keys(graph.as_declared(pid), prefix)]
-    job = define_asset_job(all_job_name(graph), selection=AssetSelection.assets(*keys),
-                           description=f"every processor asset of graph {graph.name!r}",
+    # the error queues' checks too: after a run of the job, no_platform_errors says something
+    # (it stayed "Not evaluated" after `cues demo`, whose runs are this job's)
+    selection = AssetSelection.assets(*keys) | AssetSelection.checks_for_assets(*[s.key for s in errors])
+    job = define_asset_job(all_job_name(graph), selection=selection,
+                           description=f"every processor asset of graph {graph.name!r} and the "
+                                       "checks of its error queues",
                            tags={"cues/graph": graph.name})
     schedules = []
     if schedule_cron:

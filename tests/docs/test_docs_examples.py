@@ -242,7 +242,8 @@ def _report_day(workspace: Path, day: str) -> list[dict]:
 
 
 def _instance_records(workspace: Path) -> tuple[list, dict[str, set[str]], int]:
-    """(runs, {asset: partitions materialized}, check evaluations) of the workspace's instance."""
+    """(runs, {asset: partitions materialized}, {(asset, check): passed} of the newest check
+    evaluations) of the workspace's instance."""
     from dagster import AssetKey, DagsterEventType, DagsterInstance, EventRecordsFilter
 
     home = workspace / "dagster_home"
@@ -252,7 +253,11 @@ def _instance_records(workspace: Path) -> tuple[list, dict[str, set[str]], int]:
             runs = instance.get_runs()
             parts = {key: {r.partition_key or "" for r in instance.fetch_materializations(AssetKey(key), limit=100).records}
                      for key in ("instructions", "results", "settlement_report")}
-            checks = len(instance.get_event_records(EventRecordsFilter(DagsterEventType.ASSET_CHECK_EVALUATION), limit=1000))
+            records = instance.get_event_records(EventRecordsFilter(DagsterEventType.ASSET_CHECK_EVALUATION), limit=1000)
+            checks = {}
+            for rec in records:  # {(asset, check): passed} of the newest evaluation of each check
+                data = rec.event_log_entry.dagster_event.event_specific_data
+                checks.setdefault((data.asset_key.to_user_string(), data.check_name), data.passed)
     return runs, parts, checks
 
 
@@ -268,7 +273,8 @@ def test_cues_demo_then_a_day_again(workspace: Path) -> None:
     runs, parts, checks = _instance_records(workspace)
     assert {r.job_name for r in runs} == {"payments__all", "__ASSET_JOB"}
     assert all(r.status.value == "SUCCESS" for r in runs)
-    assert parts["instructions"] and parts["results"] and checks > 0
+    assert parts["instructions"] and parts["results"] and checks
+    assert checks[("errors", "no_platform_errors")] is True  # the job runs the error queue's check
     assert parts["settlement_report"] == {"2026-11-20", "2026-11-21"}
     once = _report_day(workspace, "2026-11-21")
     assert once and sum((r["net_position"] for r in once), Decimal(0)) == 0
