@@ -15,4 +15,7 @@ def spark() -> None:
     """Start and stop the Spark engines the platform attaches to (CUES_SPARK_MASTER)."""
 
 
+spark.add_command(__import__("cues_platform.spark.cluster_cli", fromlist=["cluster"]).cluster)
+
+
 __all__ = ["spark"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cues_platform.errors import JavaNotFoundError
+from cues_platform.errors import ConfigurationError, JavaNotFoundError
 
 MIN_JAVA = 17
 
@@ -100,11 +101,36 @@ def use_this_python(settings: SparkSettings) -> None:
     """Make Spark's Python workers (and the driver) run this interpreter, which has pyarrow and the
     user's packages, instead of whatever ``python3`` is first on PATH. A value the user set
     (``PYSPARK_PYTHON`` / ``PYSPARK_DRIVER_PYTHON``, or ``spark.pyspark.python`` in the settings) is
-    kept. Only for local masters: on a cluster the executors' interpreter is the cluster's business."""
+    kept. Only for local masters and standalone masters on this machine (``spark://127.0.0.1:…``,
+    ``spark://localhost:…``, as ``cues spark cluster up`` starts): their executors run here too. On a
+    remote cluster the executors' interpreter is the cluster's business."""
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    local = settings.master.startswith("local")
+    local = settings.master.startswith(("local", "spark://127.0.0.1:", "spark://localhost:"))
     if local and "spark.pyspark.python" not in settings.conf:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
+class SparkMasterUnreachableError(ConfigurationError):
+    """A ``spark://`` master that accepts no connection (else the driver retries for a minute)."""
+
+
+def require_master(master: str, *, timeout: float = 5.0) -> None:
+    """A standalone master (``spark://host:port``, or several comma-separated) must accept a TCP
+    connection before the driver's JVM starts: otherwise Spark retries for about a minute and then
+    leaves a stopped context behind a stack trace."""
+    hosts = master.removeprefix("spark://").split(",")
+    failures = []
+    for hostport in hosts:
+        host, _, port = hostport.rpartition(":")
+        try:
+            with socket.create_connection((host, int(port)), timeout=timeout):
+                return
+        except (OSError, ValueError) as exc:
+            failures.append(f"{hostport}: {exc.strerror or exc}" if isinstance(exc, OSError) else str(exc))
+    raise SparkMasterUnreachableError(
+        f"the Spark master {master} is unreachable ({'; '.join(failures)}): start it "
+        "(`cues spark cluster up` for one on this machine, `cues spark cluster status` says where it "
+        "runs) or fix CUES_SPARK_MASTER", master=master)
 
 
 def get_spark(settings: SparkSettings | None = None) -> Any:
@@ -116,6 +142,8 @@ def get_spark(settings: SparkSettings | None = None) -> Any:
     if s.master.startswith("sc://"):
         builder = SparkSession.builder.remote(s.master)
     else:
+        if s.master.startswith("spark://"):
+            require_master(s.master)
         require_java()
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         builder = SparkSession.builder.master(s.master)

@@ -175,6 +175,9 @@ RUN_BY: dict[tuple[str, str], str] = {
     ("docs/benchmarks.md", ".venv/bin/python bench/bench_queues.py --quick"):
         f"{DOCS_TESTS}::test_bench_queues_quick",
     ("docs/benchmarks-pipes.md", ".venv/bin/python bench/bench_pipes.py"): f"{DOCS_TESTS}::test_bench_pipes",
+    **{("docs/deployment.md", f"cues spark cluster {c}"):
+       "tests/spark/test_cluster.py::test_cluster_status_and_a_second_up_or_a_taken_port_refused"
+       for c in ("up", "status", "down")},  # up/down: its session fixture (tests/spark/conftest.py)
     **{("docs/postings-protocol.md", c): f"{DOCS_TESTS}::test_participant_commands" for c in PARTICIPANT_COMMANDS},
     **{("docs/postings-protocol.md", c): OPERATING_TEST for c in OPERATING_COMMANDS},
 }
