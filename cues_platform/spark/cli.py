@@ -16,6 +16,7 @@ def spark() -> None:
 
 
 spark.add_command(__import__("cues_platform.spark.cluster_cli", fromlist=["cluster"]).cluster)
+spark.add_command(__import__("cues_platform.spark.connect_cli", fromlist=["connect"]).connect)
 
 
 __all__ = ["spark"]

@@ -140,7 +140,12 @@ def get_spark(settings: SparkSettings | None = None) -> Any:
     s = settings or SparkSettings(master=os.environ.get("CUES_SPARK_MASTER", "local[*]"))
     use_this_python(s)
     if s.master.startswith("sc://"):
+        from cues_platform.spark.connect import SESSION_DEFAULTS, require_server
+
+        require_server(s.master)
         builder = SparkSession.builder.remote(s.master)
+        for key, value in SESSION_DEFAULTS.items():  # the server's static settings stay its own
+            builder = builder.config(key, value)
     else:
         if s.master.startswith("spark://"):
             require_master(s.master)
@@ -158,6 +163,10 @@ def get_spark(settings: SparkSettings | None = None) -> Any:
     if not s.master.startswith("sc://"):
         builder = builder.config(JAVA_OPTIONS_KEY, driver_java_options(s))
     session = builder.getOrCreate()
-    if not s.master.startswith("sc://"):
+    if s.master.startswith("sc://"):
+        from cues_platform.spark.connect import close_at_exit
+
+        close_at_exit(session)
+    else:
         session.sparkContext.setLogLevel(os.environ.get("CUES_SPARK_LOG_LEVEL", "ERROR"))
     return session

@@ -178,6 +178,10 @@ RUN_BY: dict[tuple[str, str], str] = {
     **{("docs/deployment.md", f"cues spark cluster {c}"):
        "tests/spark/test_cluster.py::test_cluster_status_and_a_second_up_or_a_taken_port_refused"
        for c in ("up", "status", "down")},  # up/down: its session fixture (tests/spark/conftest.py)
+    **{("docs/deployment.md", f"cues spark connect {c}"): f"tests/spark/test_connect.py::{t}"
+       for c, t in (("up", "test_status_and_a_second_up_refused"),
+                    ("status", "test_status_and_a_second_up_refused"),
+                    ("down", "test_down_stops_the_server_and_an_attached_process_still_exits"))},
     **{("docs/postings-protocol.md", c): f"{DOCS_TESTS}::test_participant_commands" for c in PARTICIPANT_COMMANDS},
     **{("docs/postings-protocol.md", c): OPERATING_TEST for c in OPERATING_COMMANDS},
 }
