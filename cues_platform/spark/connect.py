@@ -102,7 +102,13 @@ def close_at_exit(session: Any) -> None:
     when it expires there."""
     import atexit
 
-    atexit.register(session.client.close)
+    client = session.client
+    if id(client) not in _CLOSING:  # get_spark returns the same session again: register once
+        _CLOSING.add(id(client))
+        atexit.register(client.close)
+
+
+_CLOSING: set[int] = set()
 
 
 @dataclass(frozen=True)
