@@ -100,7 +100,12 @@ def status(folder: Path) -> None:
         click.echo(f"down: the master of {found.url} no longer runs (stale state file {folder / STATE}; "
                    f"`cues spark cluster down --dir {folder}` clears it)")
         sys.exit(1)
-    info = found.status()
+    try:
+        info = found.status()
+    except OSError as exc:
+        raise ClusterError(f"the master of {found.url} runs (pid {found.master.pid}) but its UI {found.webui} "
+                           f"does not answer ({exc}): see its log {found.master.log}; if it hangs, "
+                           f"`cues spark cluster down --dir {folder}` and up again", url=found.url) from exc
     workers = [w for w in info["workers"] if w["state"] == "ALIVE"]
     click.echo(f"up: {found.url} (master pid {found.master.pid}, UI {found.webui})")
     click.echo(f"workers ALIVE: {len(workers)} of {len(found.workers)} started; cores {info['cores']}, "
