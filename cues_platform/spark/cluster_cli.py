@@ -8,18 +8,17 @@ said so in one line, not a traceback); ``status`` asks the Master which workers 
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 from pathlib import Path
 
 import click
 
+from cues_platform.spark import state
 from cues_platform.spark.cluster import Cluster, start_cluster
 from cues_platform.spark.daemons import ClusterError, daemon_alive
 
 DEFAULT_DIR = Path(".cues") / "spark-cluster"
-STATE = "state.json"
+STATE = state.STATE
 dir_option = click.option("--dir", "folder", type=click.Path(file_okay=False, path_type=Path),
                           default=DEFAULT_DIR, show_default=True,
                           help="The cluster's folder: state.json, logs/, work/.")
@@ -30,22 +29,13 @@ class ClusterAlreadyRunningError(ClusterError):
 
 
 def read_state(folder: Path) -> Cluster | None:
-    path = folder / STATE
-    if not path.exists():
-        return None
-    try:
-        return Cluster.from_dict(json.loads(path.read_text()))
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ClusterError(f"the cluster state file {path} is damaged ({type(exc).__name__}: {exc}): stop "
-                           "any Spark daemons it started by their PIDs (logs/ names them) and delete it",
-                           path=str(path)) from exc
+    return state.read_state(folder, parse=Cluster.from_dict, error=ClusterError, what="cluster",
+                            fix="stop any Spark daemons it started by their PIDs (logs/ names them) "
+                                "and delete it")
 
 
 def write_state(folder: Path, cluster: Cluster) -> None:
-    path = folder / STATE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(cluster.to_dict(), indent=2) + "\n")
-    os.replace(tmp, path)
+    state.write_state(folder, cluster.to_dict())
 
 
 def running(cluster: Cluster) -> list[str]:

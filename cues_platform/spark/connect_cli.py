@@ -8,17 +8,16 @@ second server in a folder whose server still runs. ``down`` stops what the state
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 from pathlib import Path
 
 import click
 
+from cues_platform.spark import state
 from cues_platform.spark.connect import ConnectServer, ConnectServerError, start_connect_server
 
 DEFAULT_DIR = Path(".cues") / "spark-connect"
-STATE = "state.json"
+STATE = state.STATE
 dir_option = click.option("--dir", "folder", type=click.Path(file_okay=False, path_type=Path),
                           default=DEFAULT_DIR, show_default=True,
                           help="The server's folder: state.json, its log.")
@@ -29,22 +28,13 @@ class ConnectAlreadyRunningError(ConnectServerError):
 
 
 def read_state(folder: Path) -> ConnectServer | None:
-    path = folder / STATE
-    if not path.exists():
-        return None
-    try:
-        return ConnectServer.from_dict(json.loads(path.read_text()))
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ConnectServerError(
-            f"the Connect server state file {path} is damaged ({type(exc).__name__}: {exc}): stop "
-            "the server by its PID (its log names it) and delete the file", path=str(path)) from exc
+    return state.read_state(folder, parse=ConnectServer.from_dict, error=ConnectServerError,
+                            what="Connect server", fix="stop the server by its PID (its log names "
+                                                       "it) and delete the file")
 
 
 def write_state(folder: Path, server: ConnectServer) -> None:
-    path = folder / STATE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(server.to_dict(), indent=2) + "\n")
-    os.replace(tmp, path)
+    state.write_state(folder, server.to_dict())
 
 
 @click.group("connect")
