@@ -163,7 +163,7 @@ RUN_BY: dict[tuple[str, str], str] = {
     ("docs/reference-pipeline.md", MATERIALIZE_DAY): f"{DOCS_TESTS}::test_cues_demo_then_a_day_again",
     ("docs/reference-pipeline.md", ".venv/bin/cues demo --engine runner --messages 500"):
         f"{DOCS_TESTS}::test_cues_demo_engine_runner",
-    ("docs/reference-pipeline.md", ".venv/bin/cues demo --queues"): f"{DOCS_TESTS}::test_cues_demo_queues",
+    ("docs/reference-pipeline.md", ".venv/bin/cues demo --queues --messages 20000"): f"{DOCS_TESTS}::test_cues_demo_queues",
     ("docs/jepsen.md", "cues jepsen --duration 40 --keys 1500"):
         "tests/jepsen/test_jepsen.py::test_jepsen_harness_every_check_passes",
     ("docs/dagster.md", "A graph becomes definitions"): f"{DOCS_TESTS}::test_build_definitions_example",

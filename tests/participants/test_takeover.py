@@ -34,6 +34,7 @@ from tests.participants.takeover_support import (
     query,
     slot_owners,
 )
+from tests.support import soak_enabled
 
 FAST = Settings(lease_seconds=1.5, batch_size=10, idle_poll=0.01, replay_after=3600.0)
 
@@ -276,6 +277,9 @@ def _owners(dsn: str) -> set[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.soak
+@pytest.mark.skipif(not soak_enabled(), reason="CUES_SOAK=1: ~110 s in CI; phase 4 of "
+                    "test_chaos.py::test_chaos_scale_onboard_spoof kills slot and lease holders for good")
 def test_scale_down_for_good_real_processes(tmp_path: Path, make_db: Callable[[str], str]) -> None:
     """3 producer instances publishing; 2 are SIGKILLed for good (and the consumer's lease
     holder): the last one serves all three slots. Then it is SIGKILLed mid-flow too and a new
