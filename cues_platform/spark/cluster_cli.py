@@ -19,9 +19,7 @@ from cues_platform.spark.daemons import ClusterError, daemon_alive
 
 DEFAULT_DIR = Path(".cues") / "spark-cluster"
 STATE = state.STATE
-dir_option = click.option("--dir", "folder", type=click.Path(file_okay=False, path_type=Path),
-                          default=DEFAULT_DIR, show_default=True,
-                          help="The cluster's folder: state.json, logs/, work/.")
+dir_option = state.dir_option(DEFAULT_DIR, "cluster")
 
 
 class ClusterAlreadyRunningError(ClusterError):
@@ -105,8 +103,7 @@ def status(folder: Path) -> None:
 
 @cluster.command("down")
 @dir_option
-@click.option("--grace", default=20.0, show_default=True,
-              help="Seconds after SIGTERM before SIGKILL.")
+@state.grace_option
 def down(folder: Path, grace: float) -> None:
     """Stop the daemons the state file names (by PID) and remove their work folders."""
     found = read_state(folder)

@@ -18,9 +18,7 @@ from cues_platform.spark.connect import ConnectServer, ConnectServerError, start
 
 DEFAULT_DIR = Path(".cues") / "spark-connect"
 STATE = state.STATE
-dir_option = click.option("--dir", "folder", type=click.Path(file_okay=False, path_type=Path),
-                          default=DEFAULT_DIR, show_default=True,
-                          help="The server's folder: state.json, its log.")
+dir_option = state.dir_option(DEFAULT_DIR, "server")
 
 
 class ConnectAlreadyRunningError(ConnectServerError):
@@ -86,8 +84,7 @@ def status(folder: Path) -> None:
 
 @connect.command("down")
 @dir_option
-@click.option("--grace", default=20.0, show_default=True,
-              help="Seconds after SIGTERM before SIGKILL.")
+@state.grace_option
 def down(folder: Path, grace: float) -> None:
     """Stop the server the state file names (by PID)."""
     found = read_state(folder)

@@ -9,10 +9,22 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+import click
+
 from cues_platform.errors import CuesError
 
 STATE = "state.json"
 T = TypeVar("T")
+
+
+def dir_option(default: Path, what: str):  # noqa: ANN201 - a click decorator
+    """The ``--dir`` option of a ``cues spark`` command group (its state file and logs)."""
+    return click.option("--dir", "folder", type=click.Path(file_okay=False, path_type=Path),
+                        default=default, show_default=True, help=f"The {what}'s folder: {STATE}, logs.")
+
+
+grace_option = click.option("--grace", default=20.0, show_default=True,
+                            help="Seconds after SIGTERM before SIGKILL.")
 
 
 def read_state(folder: Path, *, parse: Callable[[dict[str, Any]], T], error: type[CuesError],
@@ -36,4 +48,4 @@ def write_state(folder: Path, data: Mapping[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-__all__ = ["STATE", "read_state", "write_state"]
+__all__ = ["STATE", "dir_option", "grace_option", "read_state", "write_state"]
