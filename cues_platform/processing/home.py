@@ -59,9 +59,8 @@ def home_of(processor: Processor) -> str | None:
     return next(iter(processor.outputs.values())).queue
 
 
-def _version(dt: DeltaTable, app_id: str) -> int | None:
-    v = dt.transaction_version(app_id)
-    return None if v is None else int(v)
+def _version(queue: Queue, dt: DeltaTable, app_id: str) -> int | None:
+    return queue.txn_version(app_id, snapshot=dt)
 
 
 @dataclass(frozen=True)
@@ -78,11 +77,11 @@ class HomeState:
 def read_home(queue: Queue, processor: Processor, dt: DeltaTable | None = None) -> HomeState:
     dt = dt or queue.refresh()
     pid = processor.id
-    step = _version(dt, proc_app_id(pid))
-    epoch = _version(dt, epoch_app_id(pid))
+    step = _version(queue, dt, proc_app_id(pid))
+    epoch = _version(queue, dt, epoch_app_id(pid))
     positions: dict[str, int] | None = {}
     for binding in processor.inputs:
-        v = _version(dt, pos_app_id(pid, binding))
+        v = _version(queue, dt, pos_app_id(pid, binding))
         if v is None:
             positions = None
             break
@@ -97,11 +96,12 @@ def fence_home(queue: Queue, processor_id: str, epoch: int) -> int | None:
     app = epoch_app_id(processor_id)
     for _ in range(FENCE_ATTEMPTS):
         dt = queue.refresh()
-        before = _version(dt, app)
+        before = _version(queue, dt, app)
         if before is not None and before >= epoch:
             return before
         try:
             with queue._lock:
+                key = queue.cache.key(dt)
                 write_deltalake(dt, queue.table_schema.empty_table(), mode="append",
                                 commit_properties=CommitProperties(
                                     app_transactions=[Transaction(app, epoch)],
@@ -109,6 +109,7 @@ def fence_home(queue: Queue, processor_id: str, epoch: int) -> int | None:
                                                      "cues.processor": processor_id,
                                                      "cues.epoch": str(epoch)}),
                                 post_commithook_properties=COMMIT_HOOKS)
+                queue.cache.committed(dt, before=key, txns=[(app, epoch)])
             return None
         except CommitFailedError:
             continue
@@ -123,13 +124,13 @@ def home_guard(queue: Queue, pid: str, *, epoch: int, step: int):  # noqa: ANN20
     (only this epoch can have written it: its own commit, whose acknowledgement was lost)."""
 
     def guard(dt: DeltaTable) -> AppendResult | None:
-        current = _version(dt, epoch_app_id(pid))
+        current = _version(queue, dt, epoch_app_id(pid))
         if current != epoch:
             raise ProcessorFencedError(
                 f"processor {pid!r}: epoch {epoch} was fenced by a newer instance (epoch "
                 f"{current}) in home queue {queue.name!r}; this instance stops without "
                 f"delivering step {step}", processor=pid, epoch=epoch, newest=current, step=step)
-        done = _version(dt, proc_app_id(pid))
+        done = _version(queue, dt, proc_app_id(pid))
         if done is not None and done >= step:
             return AppendResult(queue=queue.name, ranges={}, duplicate=True)
         return None

@@ -169,7 +169,7 @@ def contract_error_table(snapshot: Snapshot, *, queue: str, bad: pa.Table, reaso
 
 
 def delivered_to(queue: Queue, processor: str, step: int, dt: DeltaTable | None = None) -> bool:
-    version = (dt or queue.refresh()).transaction_version(proc_app_id(processor))
+    version = queue.txn_version(proc_app_id(processor), snapshot=dt)
     return version is not None and int(version) >= step
 
 

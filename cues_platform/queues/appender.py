@@ -216,6 +216,7 @@ def append_batches(
             # Step 4
             try:
                 with queue._lock:
+                    before = queue.cache.key(dt)
                     write_deltalake(
                         dt,
                         data,
@@ -228,6 +229,7 @@ def append_batches(
                         post_commithook_properties=COMMIT_HOOKS,
                     )
                     version = dt.version()
+                    queue.cache.committed(dt, before=before, txns=[(t.app_id, t.version) for t in txns])
             except CommitFailedError:
                 # Step 5
                 time.sleep(delay * (0.5 + random.random()))

@@ -34,6 +34,7 @@ from cues_platform.queues.integrity import (
 from cues_platform.queues.lake import MAX_ROWS_KEY, PARTITIONS_KEY, Lake
 from cues_platform.queues.names import validate_name, validate_partition, validate_processor_id
 from cues_platform.queues.schema import OFFSET, PARTITION, payload_schema_of
+from cues_platform.queues.snapshot_cache import SnapshotCache
 
 if TYPE_CHECKING:
     from cues_platform.queues.appender import AppendResult
@@ -79,6 +80,7 @@ class Queue:
         self._verified: int | None = None
         self._damage: list[Inconsistency] = []
         self._storage = TableStorage(self.uri, lake.options)
+        self.cache = SnapshotCache()  # what each version says, read once (snapshot_cache.py)
         self._load_metadata()
 
     def __repr__(self) -> str:
@@ -203,11 +205,18 @@ class Queue:
         the Delta statistics of the partition's files give the same number.
         """
         dt = snapshot or self.refresh()
-        version = dt.transaction_version(partition_app_id(partition))
+        version = self.txn_version(partition_app_id(partition), snapshot=dt)
         if version is not None:
             return int(version)
         files = self.files(partition=partition, snapshot=dt)
         return max((f.max_offset for f in files), default=-1) + 1
+
+    def txn_version(self, app_id: str, *, snapshot: DeltaTable | None = None) -> int | None:
+        """The version of app transaction ``app_id`` in ``snapshot`` (default: the newest), read
+        once per Delta version (``snapshot_cache.py``)."""
+        dt = snapshot or self.refresh()
+        with self._lock:
+            return self.cache.transaction_version(dt, app_id)
 
     def last_offset(self, partition: str) -> int | None:
         """The offset of the newest message of ``partition``, or None when it is empty."""
@@ -232,7 +241,7 @@ class Queue:
         ``start``/``end``, only files overlapping ``[start, end)`` (filtered in Arrow)."""
         dt = snapshot or self.refresh()
         with self._lock:
-            actions = pa.table(dt.get_add_actions(flatten=True))
+            actions = self.cache.add_actions(dt)
         if actions.num_rows == 0:
             return []
         part_col = f"partition.{PARTITION}"
