@@ -359,9 +359,10 @@ def protocol_work(spark: Any, root: Path, steps: int, batch: int = 100) -> dict:
 
 # -- recovery at the real retention ----------------------------------------------------------------
 def recovery(spark: Any, root: Path, histories: list[int], runs: int = 7) -> dict:
-    """Recovery after ``n`` one-commit steps of a map, its home queue maintained as a deployment
-    maintains it (``cues queue maintain``: compaction, checkpoint, vacuum at the default
-    retention, not forced to 0)."""
+    """Recovery after ``n`` one-commit steps of a map, its home queue as the steps leave it (a
+    digest every 1,000 steps, the log trimmed below what the digests cover:
+    ``bench_processors.build_history``) and maintained as a deployment maintains it (``cues
+    queue maintain``: compaction, checkpoint, vacuum at the default retention, not forced to 0)."""
     from bench_processors import build_history, graph, time_recovery
 
     from cues_platform.queues import maintenance

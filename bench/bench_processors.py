@@ -24,9 +24,11 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+from deltalake import DeltaTable
 from pyspark.sql import functions as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+CHECKPOINT_EVERY = 100  # delta-rs' default delta.checkpointInterval
 from common import machine_info, median, percentile, write_json  # noqa: E402
 
 from cues_platform.processing import (  # noqa: E402
@@ -172,8 +174,10 @@ def build_history(lake: Lake, g: Graph, n: int) -> None:
     :func:`commit_step` calls; steps 1..n-2 are written by ``bench_queues.build_commits_fast``
     (same files and log entries as the first, without the per-commit cost that grows with the
     table: 10,000 real commits take most of an hour); the last real commit sets every app
-    transaction to step n-1's values, as a real run does. The backing queue holds no record (a
-    map's steps write none), only its epoch fence."""
+    transaction to step n-1's values, as a real run does. The backing queue holds its epoch
+    fence and the digests the stepper writes every ``backing_maintenance_every`` steps (a map's
+    steps write no other record), and the home's log is trimmed below them as the stepper trims
+    it (:func:`digest_like_the_stepper`)."""
     from bench_queues import build_commits_fast
 
     from cues_platform.processing.home import commit_step, fence_home
@@ -192,8 +196,30 @@ def build_history(lake: Lake, g: Graph, n: int) -> None:
     step(0)
     if n > 2:
         build_commits_fast(home, n - 1, 1, template_version=home.version())
-    maintenance.checkpoint(home)  # what delta-rs does by itself every 100 commits
+    # what delta-rs does by itself every 100 commits (only the newest two checkpoints matter)
+    if home.version() > CHECKPOINT_EVERY:
+        DeltaTable(home.uri, version=home.version() - CHECKPOINT_EVERY).create_checkpoint()
+    maintenance.checkpoint(home)
     step(n - 1)
+    digest_like_the_stepper(lake, g, home, epoch)
+
+
+def digest_like_the_stepper(lake: Lake, g: Graph, home, epoch: int) -> None:
+    """What ``ExactlyOnceStepper.digest_steps`` did along the way, every
+    ``backing_maintenance_every`` steps: one digest record per that many step records in the
+    backing queue, then the home's log trimmed below what they cover (``home.trim_home_log``)."""
+    from cues_platform.processing.backing import digest
+    from cues_platform.processing.history import commit_records
+    from cues_platform.processing.home import trim_home_log
+
+    every = g.processors["convert"].options.backing_maintenance_every
+    backing = BackingQueue(lake, "convert")
+    records = commit_records(home, processor="convert")[0].get("convert", [])
+    done = len(records) // every * every
+    for i in range(0, done, every):
+        backing.append(digest(records[i:i + every], epoch))
+    if done:
+        trim_home_log(home, "convert", digested=records[done - 1].version)
 
 
 def time_recovery(spark, root: str, g: Graph, n: int, runs: int) -> float:

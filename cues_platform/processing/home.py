@@ -38,7 +38,8 @@ from cues_platform.processing.outputs import proc_app_id
 from cues_platform.queues import Queue
 from cues_platform.queues.appender import AppendResult, append_batches
 from cues_platform.queues.by_reference import WrittenPart, append_written
-from cues_platform.queues.maintenance import COMMIT_HOOKS
+from cues_platform.queues.integrity import TableStorage
+from cues_platform.queues.maintenance import COMMIT_HOOKS, trim_log
 
 STEP_RECORD_KEY = "cues.step_record"  # "commit": this commit is the step's only record
 FENCE_ATTEMPTS = 200
@@ -165,3 +166,21 @@ def commit_step(queue: Queue, snapshot: Snapshot, tables: Mapping[str, Any], *, 
                           app_transactions=txns, delivery_hash=snapshot.delivery_hash,
                           message_type=message_type, commit_metadata=metadata)
 
+
+
+def trim_home_log(queue: Queue, processor_id: str, *, digested: int) -> int:
+    """Drop the home queue's log entries that only this processor's digested steps needed;
+    returns how many files went.
+
+    delta-rs on a local disk lists (and stats) the whole ``_delta_log`` folder to load or update
+    a snapshot, so every step commit and every recovery paid O(log entries), growing for the
+    whole ``delta.logRetentionDuration`` (measured on a 10,000-entry home: an append 35 ms
+    against 11 ms, opening 28 ms against 12 ms). Every step commit of ``processor_id`` up to
+    version ``digested`` is in a digest of its backing queue (the auditor reads it there), so the
+    entries below the second-newest checkpoint at or below ``digested`` are trimmed
+    (:func:`~cues_platform.queues.maintenance.trim_log`), but never below the oldest step commit
+    of another processor homed in the same queue (its own digests are not read here; its
+    entries stay to Delta's time-based cleanup)."""
+    others = [int(e["version"]) for e in queue.refresh().history()
+              if e.get(STEP_RECORD_KEY) == "commit" and e.get("cues.processor") != processor_id]
+    return trim_log(TableStorage(queue.uri, queue.lake.options), upto=min([digested, *others]))

@@ -38,9 +38,11 @@ none. Persistence, on every step (``ExactlyOnceStepper.step``):
 6. Advance to the snapshot's ends; the next step starts there. Every
    ``Options.backing_maintenance_every`` steps, append one digest record to the backing queue
    holding the one-commit steps' records read back from the home queue's log (Delta trims that
-   log after its retention; the auditor needs them, recovery does not), then drop the home's
-   expired log files (no commit cleans them by itself: a per-commit cleanup lists the whole log)
-   and compact the backing queue (no record changes).
+   log after its retention; the auditor needs them, recovery does not), then trim the home's
+   log below the second-newest checkpoint that digests cover (:func:`home.trim_home_log`: on a
+   local disk delta-rs lists the whole log on every commit and open, so an untrimmed log makes
+   every step and every recovery slower for 30 days), drop expired entries (no commit cleans
+   them by itself) and compact the backing queue (no record changes).
 
 Crash safety, point by point (names are the hook points the crash matrix crashes at):
 
@@ -111,6 +113,7 @@ from cues_platform.processing.home import (
     home_guard,
     home_of,
     read_home,
+    trim_home_log,
 )
 from cues_platform.processing.outputs import (
     commit_staged,
@@ -512,14 +515,16 @@ class ExactlyOnceStepper(StepBase):
             return
         from cues_platform.processing.history import commit_records
 
-        found, _ = commit_records(self.queues[self.home], processor=self.processor.id,
-                                  since=self.backing.digested_version())
+        home = self.queues[self.home]
+        upto = home.refresh().version()  # this processor's step commits up to here get digested
+        found, _ = commit_records(home, processor=self.processor.id, since=self.backing.digested_version())
         records = found.get(self.processor.id, [])
         if records:
             self.backing.append(digest(records, self.epoch))
-        # Only now may Delta drop the home's expired log files: every step they hold is digested
-        # (commits skip delta-rs' per-commit cleanup: queues/maintenance.py, COMMIT_HOOKS).
-        self.queues[self.home].refresh().cleanup_metadata()
+        # Only now may the home's old log entries go: every step they hold is digested (commits
+        # skip delta-rs' per-commit cleanup: queues/maintenance.py, COMMIT_HOOKS).
+        trim_home_log(home, self.processor.id, digested=upto)
+        home.refresh().cleanup_metadata()
 
 
 _OUTCOMES = {RecordType.ATTEMPT_OUTPUT: "output", RecordType.ATTEMPT_ERROR: "error"}

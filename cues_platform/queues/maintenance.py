@@ -25,6 +25,7 @@ from deltalake.exceptions import CommitFailedError
 
 from cues_platform.errors import ConfigurationError
 from cues_platform.queues.errors import ConcurrentAppendError, UnsafeRetentionError
+from cues_platform.queues.integrity import LOG_DIR, TableStorage
 from cues_platform.queues.schema import PARTITION
 
 if TYPE_CHECKING:
@@ -149,6 +150,27 @@ def checkpoint(queue: Queue) -> MaintenanceReport:
     dt.create_checkpoint()
     dt.cleanup_metadata()
     return MaintenanceReport(queue.name, checkpoint_version=dt.version())
+
+
+def trim_log(storage: TableStorage, *, upto: int | None = None) -> int:
+    """Delete the log entries older than the second-newest checkpoint at or below version
+    ``upto`` (default: any); returns how many. Nothing is deleted with fewer than two such
+    checkpoints.
+
+    What stays loads every version from that checkpoint on: a reader that chose the previous
+    checkpoint still finds its entries, and a writer's conflict check reads only entries after
+    its own snapshot. Time travel to older versions is gone, which is why only tables whose old
+    entries nobody reads are trimmed: system tables (``positions.py``) and a processor's home
+    queue below what its digests hold (``processing/home.py``). Entries go oldest first, so a
+    crash in the middle leaves a log that still loads."""
+    names = [n for n in storage.log_entries() if n[:20].isdigit()]
+    checkpoints = sorted({int(n[:20]) for n in names
+                          if ".checkpoint." in n and (upto is None or int(n[:20]) <= upto)})
+    if len(checkpoints) < 2:
+        return 0
+    old = [f"{LOG_DIR}/{n}" for n in names if int(n[:20]) < checkpoints[-2]]
+    storage.delete(old)
+    return len(old)
 
 
 def set_app_transaction_retention(queue: Queue, *, days: int) -> None:

@@ -21,9 +21,9 @@ from deltalake.exceptions import DeltaError
 from cues_platform.queues.creation import create_table_once
 from cues_platform.queues.errors import StorageUnreachableError
 from cues_platform.queues.faults import translated
-from cues_platform.queues.integrity import LOG_DIR, TableStorage, handle_is_current
+from cues_platform.queues.integrity import TableStorage, handle_is_current
 from cues_platform.queues.lake import Lake
-from cues_platform.queues.maintenance import COMMIT_HOOKS, NO_LOG_CLEANUP_PROPERTY
+from cues_platform.queues.maintenance import COMMIT_HOOKS, NO_LOG_CLEANUP_PROPERTY, trim_log
 
 CHECKPOINT_INTERVAL = 100  # commits; written by delta-rs' post-commit hook
 # A handle moved forward over this many commits is replaced by a fresh one opened from the newest
@@ -102,16 +102,10 @@ class SystemTable:
         got slower with every commit ever made (12 ms at 100, 26 ms at 1,000). Two checkpoints
         hold everything a system table needs (app transactions are kept in checkpoints), and a
         reader that chose the previous checkpoint still finds its entries; system tables need no
-        time travel. Queue tables are never cleaned this way (their history is the audit trail).
+        time travel. Queue tables are not cleaned this way, except a processor's home queue below what
+        its digests hold (``processing/home.py``, :func:`trim_home_log`).
         """
-        storage = TableStorage(self.uri, self.lake.options)
-        names = [n for n in storage.log_entries() if n[:20].isdigit()]
-        checkpoints = sorted({int(n[:20]) for n in names if ".checkpoint." in n})
-        if len(checkpoints) < 2:
-            return 0
-        old = [f"{LOG_DIR}/{n}" for n in names if int(n[:20]) < checkpoints[-2]]
-        storage.delete(old)
-        return len(old)
+        return trim_log(TableStorage(self.uri, self.lake.options))
 
 
 def position_app_id(queue: str, tailer: str, partition: str) -> str:

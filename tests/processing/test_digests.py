@@ -86,3 +86,47 @@ def test_the_stepper_drops_the_homes_expired_log_only_after_digesting_it(spark, 
     assert [a.step for a in attempts] == list(range(N // BATCH))  # every step: digested first
     check_exact(lake, "map", "output", n=N, batch=BATCH)
     assert audit(lake, graph=graph).ok, audit(lake, graph=graph).to_text()
+
+
+def test_the_stepper_trims_the_digested_home_log_at_the_default_retention(spark, lake):
+    """The log retention is Delta's default (30 days), yet the home's log stays short: entries
+    below the second-newest checkpoint that the digests cover go (home.trim_home_log), so
+    commits and recovery do not list an ever longer log; nothing the audit reads is lost."""
+    graph = graph_with_maintenance(every=2)
+    runner = GraphRunner(graph=graph, lake=lake, spark=spark)
+    home = lake.queue("b")
+    home.refresh().alter.set_table_properties({"delta.checkpointInterval": "2"})
+    load_inputs(lake, "map", n=N)
+    runner.run_until_idle()
+    entries = _log_entries(home)
+    assert "00000000000000000000.json" not in entries
+    assert len(entries) < home.refresh().version() + 1
+    attempts = [r for r in processor_history(lake, PID) if r.is_attempt]
+    assert [a.step for a in attempts] == list(range(N // BATCH))
+    check_exact(lake, "map", "output", n=N, batch=BATCH)
+    assert audit(lake, graph=graph).ok, audit(lake, graph=graph).to_text()
+    again = GraphRunner(graph=graph, lake=lake, spark=spark)
+    assert again.run_until_idle()[PID].steps == 0
+    assert again.steppers[PID].positions == {"src": N}
+
+
+def test_another_processors_step_records_in_the_same_home_are_not_trimmed(lake):
+    """Two processors may share an output queue; one's digests say nothing of the other's step
+    records, so trimming stops below the other's oldest step commit."""
+    from cues_platform.processing.home import STEP_RECORD_KEY, trim_home_log
+    from tests.support import PAYLOAD, rows
+
+    q = lake.create_queue("shared", schema=PAYLOAD)
+    q.refresh().alter.set_table_properties({"delta.checkpointInterval": "2"})
+    for i in range(12):
+        who = "other" if i == 3 else "p"
+        q.append(rows(i, 1), partition="0",
+                 commit_metadata={STEP_RECORD_KEY: "commit", "cues.processor": who})
+    other_version = next(int(e["version"]) for e in q.refresh().history() if e.get("cues.processor") == "other")
+    assert trim_home_log(q, "p", digested=q.version()) > 0
+    left = _log_entries(q)
+    assert "00000000000000000000.json" not in left  # below the cut: trimmed
+    assert all(f"{v:020d}.json" in left for v in range(other_version, q.version() + 1))
+    assert q.read_arrow(partition="0")["id"].to_pylist() == list(range(12))
+    # for a third processor every step record here is foreign: nothing more goes
+    assert trim_home_log(q, "nobody-else", digested=q.version()) == 0  # "p" is foreign now

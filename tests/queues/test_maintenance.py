@@ -183,3 +183,29 @@ def test_a_position_handle_sees_positions_committed_past_another_handles_cleanup
     log = lake.local_path(writer.table.uri) / "_delta_log"
     assert not (log / f"{1:020d}.json").exists()  # trimmed past the idle handle
     assert idle.get(queue="q", tailer="t", partition="0") == 2 * REOPEN_EVERY + 4
+
+
+def test_trim_log_keeps_every_version_from_the_second_newest_checkpoint_at_or_below_upto(lake) -> None:
+    from deltalake import DeltaTable
+
+    from cues_platform.queues.integrity import TableStorage
+    from cues_platform.queues.maintenance import trim_log
+
+    q = lake.create_queue("q", schema=PAYLOAD)
+    q.refresh().alter.set_table_properties({"delta.checkpointInterval": "3"})
+    for i in range(10):
+        q.append(rows(i, 1), partition="0")
+    storage = TableStorage(q.uri, lake.options)
+    checkpoints = sorted(int(n[:20]) for n in storage.log_entries() if ".checkpoint." in n)
+    top = q.version()
+    assert len(checkpoints) >= 3
+    assert trim_log(storage, upto=checkpoints[0]) == 0  # one checkpoint at or below: nothing goes
+    removed = trim_log(storage, upto=checkpoints[2])
+    cut = checkpoints[1]
+    left = sorted(int(n[:20]) for n in storage.log_entries() if n.endswith(".json") and n[:20].isdigit())
+    assert removed > 0 and left[0] == cut and left[-1] == top
+    for version in range(cut, top + 1):  # every kept version still loads, from any fresh reader
+        assert DeltaTable(q.uri, version=version).version() == version
+    assert Lake(root=lake.root).queue("q").read_arrow(partition="0")["id"].to_pylist() == list(range(10))
+    q.append(rows(10, 1), partition="0")  # and the queue takes appends
+    assert q.next_offset("0") == 11
