@@ -40,6 +40,8 @@ def test_digests_keep_the_step_records_when_the_log_is_trimmed(spark, lake):
     runner.run_until_idle()
     raw = [r["type"] for r in BackingQueue(lake, PID).queue.read_arrow(partition="0").to_pylist()]
     assert raw.count(RecordType.DIGEST.value) == 3  # each holds the two steps since the last one
+    last = BackingQueue(lake, PID).last_record()  # recovery's read: type and step, steps undecoded
+    assert (last.type, last.step, last.outputs) == (RecordType.DIGEST, N // BATCH - 1, {})
     trim_log(lake, "b")
     assert commit_records(lake.queue("b"), processor=PID)[0] == {}  # the log no longer has them
     attempts = [r for r in processor_history(lake, PID) if r.is_attempt]
