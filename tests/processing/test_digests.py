@@ -25,6 +25,19 @@ def graph_with_maintenance(every: int):
                              error_queue=graph.error_queue)
 
 
+def assert_every_step_audited_and_recovered(spark, lake, graph) -> None:
+    """Every step is in the merged history, the output is exact, the audit passes, and a new
+    runner recovers to the end (recovery reads the home's app transactions, which checkpoints
+    keep) without stepping again."""
+    attempts = [r for r in processor_history(lake, PID) if r.is_attempt]
+    assert [a.step for a in attempts] == list(range(N // BATCH))
+    check_exact(lake, "map", "output", n=N, batch=BATCH)
+    assert audit(lake, graph=graph).ok, audit(lake, graph=graph).to_text()
+    again = GraphRunner(graph=graph, lake=lake, spark=spark)
+    assert again.run_until_idle()[PID].steps == 0
+    assert again.steppers[PID].positions == {"src": N}
+
+
 def trim_log(lake, name: str) -> None:
     """What Delta does to an old log: a checkpoint, then every commit entry before it removed."""
     queue = lake.queue(name)
@@ -44,14 +57,7 @@ def test_digests_keep_the_step_records_when_the_log_is_trimmed(spark, lake):
     assert (last.type, last.step, last.outputs) == (RecordType.DIGEST, N // BATCH - 1, {})
     trim_log(lake, "b")
     assert commit_records(lake.queue("b"), processor=PID)[0] == {}  # the log no longer has them
-    attempts = [r for r in processor_history(lake, PID) if r.is_attempt]
-    assert [a.step for a in attempts] == list(range(N // BATCH))
-    check_exact(lake, "map", "output", n=N, batch=BATCH)
-    assert audit(lake, graph=graph).ok, audit(lake, graph=graph).to_text()
-    # recovery reads the home queue's app transactions, which the checkpoint keeps
-    again = GraphRunner(graph=graph, lake=lake, spark=spark)
-    assert again.run_until_idle()[PID].steps == 0
-    assert again.steppers[PID].positions == {"src": N}
+    assert_every_step_audited_and_recovered(spark, lake, graph)
 
 
 def test_without_digests_a_trimmed_log_is_an_audit_failure_not_a_silent_pass(spark, lake):
@@ -103,13 +109,7 @@ def test_the_stepper_trims_the_digested_home_log_at_the_default_retention(spark,
     entries = _log_entries(home)
     assert "00000000000000000000.json" not in entries
     assert len(entries) < home.refresh().version() + 1
-    attempts = [r for r in processor_history(lake, PID) if r.is_attempt]
-    assert [a.step for a in attempts] == list(range(N // BATCH))
-    check_exact(lake, "map", "output", n=N, batch=BATCH)
-    assert audit(lake, graph=graph).ok, audit(lake, graph=graph).to_text()
-    again = GraphRunner(graph=graph, lake=lake, spark=spark)
-    assert again.run_until_idle()[PID].steps == 0
-    assert again.steppers[PID].positions == {"src": N}
+    assert_every_step_audited_and_recovered(spark, lake, graph)
 
 
 def test_another_processors_step_records_in_the_same_home_are_not_trimmed(lake):
