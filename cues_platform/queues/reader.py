@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from cues_platform.queues.errors import OffsetRangeError
-from cues_platform.queues.names import join_uri
+from cues_platform.queues.names import join_uri, validate_partition
 from cues_platform.queues.schema import OFFSET, PARTITION, TXN_ID
 
 if TYPE_CHECKING:
@@ -168,18 +168,33 @@ def execute_spark(queue: Queue, spark: Any, plan: ReadPlan) -> Any:
     from pyspark.sql.pandas.types import from_arrow_schema
 
     physical = from_arrow_schema(_payload_and_meta_schema(queue), prefer_timestamp_ntz=False)
+    # A classic session makes one Py4J round trip per Column call (a step's read was 88 of them,
+    # ~70 ms on two loaded cores): there the filter and the projection are SQL text, two calls
+    # (~40 ms). Spark Connect builds Column plans locally, so it keeps the Column API.
+    connect = type(spark).__module__.startswith("pyspark.sql.connect")
     if plan.empty or not plan.files:
         frame = spark.createDataFrame([], physical)
     else:
         uris = [join_uri(queue.uri, f.path) for f in plan.files]
         frame = spark.read.schema(physical).parquet(*uris)
-        frame = frame.where((F.col(OFFSET) >= plan.start) & (F.col(OFFSET) < plan.end))
+        if connect:
+            frame = frame.where((F.col(OFFSET) >= plan.start) & (F.col(OFFSET) < plan.end))
+        else:
+            frame = frame.where(f"{_quoted(OFFSET)} >= {int(plan.start)} AND {_quoted(OFFSET)} < {int(plan.end)}")
         if plan.hidden_txns:
             frame = frame.where(
                 F.col(TXN_ID).isNull() | ~F.col(TXN_ID).isin(list(plan.hidden_txns))
             )
-    frame = frame.withColumn(PARTITION, F.lit(plan.partition))
-    return frame.select(*queue.table_schema.names)
+    if connect:
+        return frame.withColumn(PARTITION, F.lit(plan.partition)).select(*queue.table_schema.names)
+    partition = validate_partition(plan.partition)  # letters, digits, '_', '-', '.': a safe literal
+    return frame.selectExpr(*(f"'{partition}' AS {_quoted(n)}" if n == PARTITION else _quoted(n)
+                              for n in queue.table_schema.names))
+
+
+def _quoted(column: str) -> str:
+    """A column name as a Spark SQL identifier (backticks; a backtick inside is doubled)."""
+    return "`" + column.replace("`", "``") + "`"
 
 
 def read_spark(

@@ -56,3 +56,19 @@ def test_spark_reads_the_same_rows_as_arrow(filled, spark) -> None:
 def test_spark_read_of_an_empty_range_has_the_schema(filled, spark) -> None:
     frame = filled.read_spark(spark, partition="b", start=7, end=10)
     assert frame.count() == 0 and frame.columns == filled.table_schema.names
+
+
+def test_spark_reads_payload_columns_whose_names_need_quoting(lake, spark) -> None:
+    """The read is built as Spark SQL text (queues/reader.py): names with a space, a backtick, a
+    dot or a keyword come back as they are, with their values, and the partition is a literal."""
+    import pyarrow as pa
+
+    odd = ["amount usd", "we`ird", "a.b", "select"]
+    q = lake.create_queue("odd", schema=pa.schema([pa.field(n, pa.int64()) for n in odd]),
+                          partitions=["p-1.x"])
+    q.append(pa.table({n: [i * 10 + k for k in range(4)] for i, n in enumerate(odd)}), partition="p-1.x")
+    frame = q.read_spark(spark, partition="p-1.x", start=1, end=3)
+    assert frame.columns == q.table_schema.names
+    got = sorted(tuple(r[n] for n in [*odd, "_offset", "_partition"]) for r in frame.collect())
+    assert got == [(k, 10 + k, 20 + k, 30 + k, k, "p-1.x") for k in (1, 2)]
+    assert frame.schema["_partition"].nullable is False
