@@ -209,3 +209,25 @@ def test_trim_log_keeps_every_version_from_the_second_newest_checkpoint_at_or_be
     assert Lake(root=lake.root).queue("q").read_arrow(partition="0")["id"].to_pylist() == list(range(10))
     q.append(rows(10, 1), partition="0")  # and the queue takes appends
     assert q.next_offset("0") == 11
+
+
+def test_trim_log_stopped_halfway_leaves_a_log_that_loads_and_a_second_trim_finishes(lake) -> None:
+    """A crash (or a second process trimming at the same time) in the middle of trim_log: the
+    oldest entries are gone first, so the newest checkpoint and every later entry remain."""
+    from deltalake import DeltaTable
+
+    from cues_platform.queues.integrity import LOG_DIR, TableStorage
+    from cues_platform.queues.maintenance import trim_log
+
+    q = lake.create_queue("q", schema=PAYLOAD)
+    q.refresh().alter.set_table_properties({"delta.checkpointInterval": "3"})
+    for i in range(10):
+        q.append(rows(i, 1), partition="0")
+    storage = TableStorage(q.uri, lake.options)
+    checkpoints = sorted(int(n[:20]) for n in storage.log_entries() if ".checkpoint." in n)
+    doomed = [n for n in storage.log_entries() if n[:20].isdigit() and int(n[:20]) < checkpoints[-2]]
+    storage.delete(f"{LOG_DIR}/{n}" for n in doomed[: len(doomed) // 2])  # the crash: half done
+    assert DeltaTable(q.uri).version() == q.version()
+    assert Lake(root=lake.root).queue("q").read_arrow(partition="0")["id"].to_pylist() == list(range(10))
+    assert trim_log(storage) == len(doomed) - len(doomed) // 2  # idempotent: the rest goes now
+    assert trim_log(storage) == 0
