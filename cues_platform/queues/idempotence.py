@@ -11,6 +11,9 @@ carry everything; nothing is read from the rows:
 
 Delivery contract of one send of batch ``B`` under ``(producer id P, epoch E, sequence S)``:
 
+0. Check the arguments: ``S`` an int >= 0 (a NumPy integer is one; a bool or a float is not),
+   the options known and of their types. A bad one raises ``InvalidArgumentError`` (schema.py)
+   before anything below: no epoch opened, nothing pending, the instance as it was.
 1. Open (once per instance, before its first send): read ``pepoch:P`` (``e``, or none) and commit
    ``pepoch:P = e + 1`` alone; ``E = e + 1``; then read ``prod:P`` for the next sequence. Two opens racing both carry ``pepoch:P``: delta-rs rejects the second
    with a concurrent-transaction conflict, which re-reads and takes the next epoch. Each opened
@@ -63,7 +66,14 @@ from cues_platform.queues.errors import (
     SequenceMismatchError,
 )
 from cues_platform.queues.maintenance import COMMIT_HOOKS
-from cues_platform.queues.schema import DEFAULT_MESSAGE_TYPE
+from cues_platform.queues.schema import (
+    DEFAULT_MESSAGE_TYPE,
+    SEND_OPTIONS,
+    check_app_transactions,
+    check_callable,
+    check_int,
+    check_options,
+)
 
 if TYPE_CHECKING:
     from cues_platform.queues.queue import Queue
@@ -303,7 +313,22 @@ class SequenceState:
         after_commit: Callable[[], None] | None = None,
         **options: Any,
     ) -> AppendResult:
-        """Send prepared ``tables`` under the next (or the given) sequence."""
+        """Send prepared ``tables`` under the next (or the given) sequence.
+
+        The arguments are checked first (step 0): a bad one raises
+        :class:`~cues_platform.queues.schema.InvalidArgumentError` before the epoch opens and
+        before anything becomes pending, so it can never wedge the producer."""
+        # Step 0
+        call, queue = "Producer.send", self.queue.name
+        if sequence is not None:
+            sequence = check_int(sequence, call=call, argument="sequence", queue=queue,
+                                 expected="an int >= 0 (the batch's sequence number), or None "
+                                 "for the producer's next one")
+        options = check_options(options, call=call, allowed=SEND_OPTIONS, queue=queue)
+        app_transactions = check_app_transactions(app_transactions, call=call, queue=queue)
+        guards = check_options({"guards": guards}, call=call, allowed=("guards",),
+                               queue=queue)["guards"]
+        check_callable(after_commit, call=call, argument="after_commit", queue=queue)
         self.check_usable()
         self.open()
         # Step 2

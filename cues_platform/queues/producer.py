@@ -27,12 +27,22 @@ import pyarrow as pa
 
 from cues_platform.queues.appender import AppendResult, prepare_batches
 from cues_platform.queues.errors import (
+    InvalidNameError,
     ProducerFencedError,
     QueueError,
     SequenceError,
 )
 from cues_platform.queues.idempotence import SequenceState, producer_app_id
 from cues_platform.queues.names import validate_id
+from cues_platform.queues.schema import (
+    SEND_OPTIONS,
+    argument_error,
+    check_callable,
+    check_choice,
+    check_int,
+    check_options,
+    check_seconds,
+)
 
 if TYPE_CHECKING:
     from cues_platform.queues.queue import Queue
@@ -43,6 +53,33 @@ __all__ = ["Acks", "AsyncProducer", "PendingAppend", "Producer", "make_producer"
 class Acks(StrEnum):
     ALL = "all"
     NONE = "none"
+
+
+def check_producer_id(queue: Any, producer_id: object, *, call: str) -> str:
+    """``producer_id`` if it is a legal producer id, a new anonymous id for None. Anything else
+    (an empty or blank string, a trailing newline, not a string) is refused: an empty id must not
+    silently become an anonymous producer, which would lose its idempotence across restarts."""
+    if producer_id is None:
+        return f"anon-{uuid.uuid4().hex}"
+    try:
+        return validate_id(producer_id, kind="producer id")
+    except InvalidNameError as exc:
+        raise InvalidNameError(
+            f"queue {getattr(queue, 'name', queue)!r}: {call}: producer_id={producer_id!r} is not "
+            "a valid producer id; pass up to 200 letters, digits, '_', '.', ':', '@' or '-', "
+            "starting with a letter or digit (no '..'), or None for an anonymous producer "
+            "(which cannot resend after a restart)",
+            name=producer_id, kind="producer id", argument="producer_id",
+            queue=getattr(queue, "name", None),
+        ) from exc
+
+
+def check_queue(queue: object, *, call: str) -> None:
+    from cues_platform.queues.queue import Queue
+
+    if not isinstance(queue, Queue):
+        raise argument_error(call, "queue", queue, f"a {type(queue).__name__}, not a Queue",
+                             "a Queue (lake.queue(name))")
 
 
 class Producer:
@@ -60,10 +97,11 @@ class Producer:
         producer_id: str | None = None,
         hook: Callable[[str], None] | None = None,
     ) -> None:
+        call = f"{type(self).__name__}()"
+        check_queue(queue, call=call)
+        self.producer_id = check_producer_id(queue, producer_id, call=call)
+        check_callable(hook, call=call, argument="hook", queue=queue.name)
         self.queue = queue
-        self.producer_id = validate_id(
-            producer_id or f"anon-{uuid.uuid4().hex}", kind="producer id"
-        )
         self._state = SequenceState(queue, producer_id=self.producer_id)
         self._hook = hook or (lambda _step: None)
         self._lock = threading.Lock()
@@ -100,8 +138,21 @@ class Producer:
 
         Passing ``sequence`` explicitly is how a resend after a lost acknowledgement is made from a
         new producer: the same sequence with the same content returns the original offsets.
+        ``options``: ``delivery_hash``, ``message_type``, ``txn_id``, ``commit_metadata``,
+        ``max_attempts``. Every argument is checked before anything changes: a bad one raises
+        :class:`~cues_platform.queues.schema.InvalidArgumentError` (or the data's
+        :class:`SchemaError`) and leaves the producer as it was.
         """
         prepared = options.pop("prepared", False)
+        call = "Producer.send"
+        if not isinstance(batches, Mapping):
+            raise argument_error(call, "batches", batches, f"a {type(batches).__name__}",
+                                 "a dict {partition: batch}", queue=self.queue.name)
+        if sequence is not None:
+            sequence = check_int(sequence, call=call, argument="sequence", queue=self.queue.name,
+                                 expected="an int >= 0 (the batch's sequence number), or None "
+                                 "for the producer's next one")
+        options = check_options(options, call=call, allowed=SEND_OPTIONS, queue=self.queue.name)
         with self._lock:
             self._state.check_usable()
             tables = dict(batches) if prepared else prepare_batches(self.queue, batches)
@@ -154,9 +205,16 @@ class AsyncProducer(Producer):
         max_buffered_rows: int = 100_000,
         hook: Callable[[str], None] | None = None,
     ) -> None:
+        # checked before the producer exists: a bad value never starts the background thread
+        call = "AsyncProducer()"
+        check_queue(queue, call=call)
+        linger = check_seconds(linger_seconds, call=call, argument="linger_seconds",
+                               queue=queue.name)
+        max_rows = check_int(max_buffered_rows, call=call, argument="max_buffered_rows",
+                             minimum=1, queue=queue.name)
         super().__init__(queue, producer_id=producer_id, hook=hook)
-        self.linger_seconds = linger_seconds
-        self.max_buffered_rows = max_buffered_rows
+        self.linger_seconds = linger
+        self.max_buffered_rows = max_rows
         self._buffer: list[Item] = []
         self._rows = 0
         self._cond = threading.Condition()
@@ -173,9 +231,13 @@ class AsyncProducer(Producer):
         self, data: Any, *, partition: str, sequence: int | None = None, **options: Any
     ) -> PendingAppend:  # type: ignore[override]
         if sequence is not None or options:
-            raise QueueError(
-                "an async producer assigns sequences itself; use Acks.ALL to pass them"
-            )
+            argument, value = ("sequence", sequence) if sequence is not None else next(
+                iter(options.items()))
+            raise argument_error(
+                "AsyncProducer.send", argument, value,
+                "not accepted by an async producer (it assigns sequences and sends the buffered "
+                "batches together)", f"no {argument}, or use acks='all' to pass it",
+                queue=self.queue.name)
         self._state.check_usable()
         table = prepare_batches(self.queue, {partition: data})[partition]  # bad input fails now
         pending = PendingAppend()
@@ -274,10 +336,22 @@ class AsyncProducer(Producer):
             raise
 
 
+ASYNC_ARGUMENTS = ("hook", "linger_seconds", "max_buffered_rows")
+
+
 def make_producer(
     queue: Queue, *, producer_id: str | None, acks: Acks | str = Acks.ALL, **kwargs: Any
 ) -> Producer:
-    level = Acks(acks)
+    call = "Queue.producer"
+    level = check_choice(acks, Acks, call=call, argument="acks", queue=queue.name)
+    allowed = ("hook",) if level is Acks.ALL else ASYNC_ARGUMENTS
+    for name, value in kwargs.items():
+        if name not in allowed:
+            problem = ("accepted only with acks='none'" if name in ASYNC_ARGUMENTS
+                       else "not an argument of a producer")
+            raise argument_error(call, name, value, problem,
+                                 f"only {', '.join(allowed)} with acks={level.value!r}",
+                                 queue=queue.name)
     if level is Acks.ALL:
         return Producer(queue, producer_id=producer_id, **kwargs)
     return AsyncProducer(queue, producer_id=producer_id, **kwargs)

@@ -7,14 +7,19 @@ or raises a :class:`SchemaError` that names the column and what to change.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+import math
+import numbers
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from enum import Enum
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
 from cues_platform.queues.errors import (
     BatchError,
     NullValueError,
+    OffsetRangeError,
+    QueueError,
     ReservedColumnError,
     SchemaError,
 )
@@ -108,31 +113,91 @@ def check_rows(rows: list[Mapping[str, Any]], payload: pa.Schema, *, queue: str)
 def to_table(data: Any, *, queue: str, payload: pa.Schema | None = None) -> pa.Table:
     """Accept a pyarrow Table/RecordBatch, a pandas DataFrame, a dict of columns or a list of rows.
 
-    With ``payload``, each row of a list of rows is checked against it (:func:`check_rows`)."""
+    With ``payload``, each row of a list of rows is checked against it (:func:`check_rows`).
+    Whatever cannot become a table is a :class:`SchemaError` naming the column (never a raw
+    Arrow or Python error)."""
     if isinstance(data, pa.Table):
         return data
     if isinstance(data, pa.RecordBatch):
         return pa.Table.from_batches([data])
     if isinstance(data, Mapping):
-        return pa.table(dict(data))
+        return _from_columns(data, queue=queue, payload=payload)
     if hasattr(data, "__arrow_c_stream__"):
         return pa.table(data)
     if type(data).__name__ == "DataFrame" and hasattr(data, "to_dict"):
-        return pa.Table.from_pandas(data, preserve_index=False)
+        try:
+            return pa.Table.from_pandas(data, preserve_index=False)
+        except (pa.ArrowException, TypeError, ValueError) as exc:
+            columns = {str(name): data[name] for name in data.columns}
+            raise _conversion_error(columns, queue=queue, payload=payload, exc=exc) from exc
     if isinstance(data, Iterable) and not isinstance(data, str | bytes):
         rows = list(data)
         if rows and not all(isinstance(r, Mapping) for r in rows):
+            bad = next(r for r in rows if not isinstance(r, Mapping))
             raise SchemaError(
-                f"queue {queue!r}: rows must be mappings of column to value", queue=queue
+                f"queue {queue!r}: data is a list holding a {type(bad).__name__} ({bad!r:.60}); "
+                "rows must be mappings of column to value (or pass a dict of columns)",
+                queue=queue, argument="data",
             )
         if payload is not None:
             check_rows(rows, payload, queue=queue)
-        return pa.Table.from_pylist(rows)
+        try:
+            return pa.Table.from_pylist(rows)
+        except (pa.ArrowException, TypeError, ValueError) as exc:
+            names = list(payload.names) if payload is not None else list(rows[0]) if rows else []
+            columns = {name: [r.get(name) for r in rows] for name in names}
+            raise _conversion_error(columns, queue=queue, payload=payload, exc=exc) from exc
     raise SchemaError(
-        f"queue {queue!r}: cannot append a {type(data).__name__}; pass a pyarrow Table, a pandas "
-        "DataFrame, a dict of columns or a list of row dicts",
-        queue=queue,
+        f"queue {queue!r}: cannot append data={data!r:.60} (a {type(data).__name__}); pass a "
+        "pyarrow Table, a pandas DataFrame, a dict of columns or a list of row dicts",
+        queue=queue, argument="data",
     )
+
+
+def _from_columns(data: Mapping[Any, Any], *, queue: str, payload: pa.Schema | None) -> pa.Table:
+    """A dict of columns as a table; a column that is not a list of values of one type, or
+    columns of different lengths, are a :class:`SchemaError` naming the column."""
+    for name, values in data.items():
+        if not isinstance(name, str):
+            raise SchemaError(
+                f"queue {queue!r}: column name {name!r} is a {type(name).__name__}; column names "
+                "are strings", queue=queue, column=name)
+        if isinstance(values, str | bytes | Mapping) or not hasattr(values, "__len__"):
+            raise SchemaError(
+                f"queue {queue!r}: column {name!r} is {values!r:.60} (a {type(values).__name__}), "
+                "not a list of values; pass a list, an array or a Series per column (one value: "
+                f"[{values!r:.40}])", queue=queue, column=name)
+    try:
+        return pa.table(dict(data))
+    except (pa.ArrowException, TypeError, ValueError) as exc:
+        raise _conversion_error(dict(data), queue=queue, payload=payload, exc=exc) from exc
+
+
+def _conversion_error(
+    columns: Mapping[str, Any], *, queue: str, payload: pa.Schema | None, exc: BaseException
+) -> SchemaError:
+    """Find the column Arrow could not convert (or the mismatched lengths) behind ``exc``."""
+    lengths = {}
+    for name, values in columns.items():
+        try:
+            array = values if isinstance(values, pa.Array | pa.ChunkedArray) else pa.array(
+                values, from_pandas=True)
+        except (pa.ArrowException, TypeError, ValueError) as inner:
+            declared = ""
+            if payload is not None and name in payload.names:
+                declared = f" (declared {payload.field(name).type})"
+            return SchemaError(
+                f"queue {queue!r}: column {name!r} cannot be converted to one Arrow type "
+                f"({inner}); give it values of one type{declared}",
+                queue=queue, column=name)
+        lengths[name] = len(array)
+    if len(set(lengths.values())) > 1:
+        return SchemaError(
+            f"queue {queue!r}: columns have different lengths {lengths}; every column needs one "
+            "value per row", queue=queue, column=min(lengths, key=lengths.__getitem__),
+            lengths=lengths)
+    return SchemaError(f"queue {queue!r}: the batch cannot be converted to a table ({exc}); pass "
+                       "a pyarrow Table, a dict of columns or a list of row dicts", queue=queue)
 
 
 def conform(data: Any, payload: pa.Schema, *, queue: str, max_rows: int) -> pa.Table:
@@ -148,6 +213,11 @@ def conform(data: Any, payload: pa.Schema, *, queue: str, max_rows: int) -> pa.T
             rows=table.num_rows,
             limit=max_rows,
         )
+    if len(set(table.column_names)) != table.num_columns:
+        twice = sorted({n for n in table.column_names if table.column_names.count(n) > 1})
+        raise SchemaError(
+            f"queue {queue!r}: the batch has column(s) {twice} more than once; keep one of each",
+            queue=queue, column=twice[0])
     names = set(table.column_names)
     reserved = sorted(names & RESERVED) or sorted(n for n in names if n.startswith("_"))
     if reserved:
@@ -192,3 +262,224 @@ def conform(data: Any, payload: pa.Schema, *, queue: str, max_rows: int) -> pa.T
             )
         columns.append(column)
     return pa.Table.from_arrays(columns, schema=payload)
+
+
+# -- arguments -----------------------------------------------------------------------------------
+# Every public entry of the queue layer checks its arguments with these before it changes anything
+# (no commit, no sequence taken, no pending send, no thread started), so a wrong argument is one
+# typed error naming the call, the argument, the value and what to pass, and the object stays
+# usable. bool is an int subclass but never a valid count, offset or sequence; NumPy integers are.
+E = TypeVar("E", bound=Enum)
+
+
+class InvalidArgumentError(QueueError):
+    """A call got an argument of the wrong type or value and was refused before anything changed.
+
+    Not retryable as is: pass what the message says. Carries ``call``, ``argument``, ``value``,
+    ``expected`` and ``queue`` (when known)."""
+
+
+class InvalidRangeError(InvalidArgumentError, OffsetRangeError):
+    """An offset, a count of messages or a range that is not one (a float, a bool, a string, a
+    negative number, an end before its start)."""
+
+
+def argument_error(
+    call: str,
+    argument: str,
+    value: Any,
+    problem: str,
+    expected: str,
+    *,
+    queue: str | None = None,
+    error: type[InvalidArgumentError] = InvalidArgumentError,
+    **data: Any,
+) -> InvalidArgumentError:
+    """The typed error for ``call(argument=value)``: ``problem`` says what is wrong, ``expected``
+    what to pass instead."""
+    where = "" if queue is None else f"queue {queue!r}: "
+    return error(
+        f"{where}{call}: {argument}={value!r} is {problem}; pass {expected}",
+        call=call, argument=argument, value=value, expected=expected, queue=queue, **data,
+    )
+
+
+def is_integer(value: Any) -> bool:
+    """An int or a NumPy integer, never a bool (``True`` is an int to Python, not to us)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _kind(value: Any) -> str:
+    """``value``'s type with its article: "a float", "an int"."""
+    name = type(value).__name__
+    kind = ("an " if name[:1].lower() in "aeiou" else "a ") + name
+    if isinstance(value, float) and value.is_integer():
+        kind += " (write it as an int)"
+    return kind
+
+
+def check_int(
+    value: Any,
+    *,
+    call: str,
+    argument: str,
+    minimum: int = 0,
+    expected: str | None = None,
+    queue: str | None = None,
+    error: type[InvalidArgumentError] = InvalidArgumentError,
+) -> int:
+    """``value`` as a Python int if it is an integer ``>= minimum``, else the typed error."""
+    wanted = expected or f"an int >= {minimum}"
+    if not is_integer(value):
+        raise argument_error(call, argument, value, f"{_kind(value)}, not an int", wanted,
+                             queue=queue, error=error)
+    if value < minimum:
+        raise argument_error(call, argument, value, f"below {minimum}", wanted, queue=queue,
+                             error=error)
+    return int(value)
+
+
+def check_seconds(
+    value: Any,
+    *,
+    call: str,
+    argument: str,
+    positive: bool = False,
+    optional: bool = False,
+    queue: str | None = None,
+) -> float | None:
+    """A duration in seconds: a finite real number ``>= 0`` (``> 0`` with ``positive``), or None
+    with ``optional``."""
+    if value is None and optional:
+        return None
+    wanted = ("a number of seconds " + ("> 0" if positive else ">= 0")
+              + (" or None (no limit)" if optional else ""))
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise argument_error(call, argument, value, f"{_kind(value)}, not a number", wanted,
+                             queue=queue)
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise argument_error(call, argument, value, "out of range", wanted, queue=queue)
+    return float(value)
+
+
+def check_choice(
+    value: Any, choices: type[E], *, call: str, argument: str, queue: str | None = None
+) -> E:
+    """``value`` as a member of the string enum ``choices`` (the member or its value)."""
+    if isinstance(value, choices):
+        return value
+    if isinstance(value, str):
+        for member in choices:
+            if member.value == value:
+                return member
+    names = ", ".join(repr(m.value) for m in choices)
+    raise argument_error(call, argument, value, f"not one of {names}",
+                         f"one of {names} (or {choices.__name__}.<member>)", queue=queue)
+
+
+def check_text(
+    value: Any,
+    *,
+    call: str,
+    argument: str,
+    optional: bool = False,
+    queue: str | None = None,
+) -> str | None:
+    """A non-empty string (or None with ``optional``)."""
+    if value is None and optional:
+        return None
+    if isinstance(value, str) and value.strip():
+        return value
+    wanted = "a non-empty string" + (" or None" if optional else "")
+    problem = "an empty string" if isinstance(value, str) else f"{_kind(value)}, not a string"
+    raise argument_error(call, argument, value, problem, wanted, queue=queue)
+
+
+def check_callable(
+    value: Any, *, call: str, argument: str, optional: bool = True, queue: str | None = None
+) -> Callable[..., Any] | None:
+    if (value is None and optional) or callable(value):
+        return value
+    raise argument_error(call, argument, value, f"{_kind(value)}, not callable",
+                         "a function" + (" or None" if optional else ""), queue=queue)
+
+
+def check_app_transactions(
+    value: Any, *, call: str, argument: str = "app_transactions", queue: str | None = None
+) -> list[tuple[str, int]]:
+    """A sequence of ``(app id, version)`` pairs: a non-empty string and an int >= 0 each."""
+    wanted = "a list of (app id, version) pairs: a non-empty string and an int >= 0 each"
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise argument_error(call, argument, value, f"{_kind(value)}, not a list", wanted,
+                             queue=queue)
+    out = []
+    for item in value:
+        if (not isinstance(item, Sequence) or isinstance(item, str | bytes) or len(item) != 2
+                or not isinstance(item[0], str) or not item[0] or not is_integer(item[1])
+                or item[1] < 0):
+            raise argument_error(call, argument, value, f"holding {item!r}, not a pair", wanted,
+                                 queue=queue)
+        out.append((item[0], int(item[1])))
+    return out
+
+
+def _check_guards(value: Any, *, call: str, argument: str, queue: str | None) -> list[Any]:
+    if (isinstance(value, str | bytes) or not isinstance(value, Sequence)
+            or not all(callable(g) for g in value)):
+        raise argument_error(call, argument, value, "not a list of functions",
+                             "a list of guard functions (snapshot -> AppendResult | None)",
+                             queue=queue)
+    return list(value)
+
+
+def _check_metadata(value: Any, *, call: str, argument: str, queue: str | None) -> dict[str, str]:
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise argument_error(call, argument, value, "not a mapping of strings to strings",
+                             "a dict of str -> str", queue=queue)
+    return dict(value)
+
+
+# What each append/send option must be: a checker returning the value to use.
+_OPTION_CHECKS: dict[str, Callable[..., Any]] = {
+    "delivery_hash": lambda v, **k: check_text(v, optional=True, **k),
+    "message_type": lambda v, **k: check_text(v, **k),
+    "txn_id": lambda v, **k: check_text(v, optional=True, **k),
+    "commit_metadata": lambda v, **k: _check_metadata(v, **k),
+    "max_attempts": lambda v, **k: check_int(v, minimum=1, **k),
+    "app_transactions": lambda v, **k: check_app_transactions(v, **k),
+    "guards": lambda v, **k: _check_guards(v, **k),
+    "producer_id": lambda v, **k: check_text(v, optional=True, **k),
+    "sequence": lambda v, **k: None if v is None else check_int(v, **k),
+    "prepared": lambda v, **k: _check_flag(v, **k),
+    "allow_empty": lambda v, **k: _check_flag(v, **k),
+}
+SEND_OPTIONS = ("delivery_hash", "message_type", "txn_id", "commit_metadata", "max_attempts")
+APPEND_OPTIONS = (*SEND_OPTIONS, "app_transactions", "guards", "producer_id", "sequence",
+                  "prepared", "allow_empty")
+
+
+def _check_flag(value: Any, *, call: str, argument: str, queue: str | None) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise argument_error(call, argument, value, f"{_kind(value)}, not a bool", "True or False",
+                         queue=queue)
+
+
+def check_options(
+    options: Mapping[str, Any],
+    *,
+    call: str,
+    allowed: Iterable[str] = SEND_OPTIONS,
+    queue: str | None = None,
+) -> dict[str, Any]:
+    """Keyword options of an append or a send, each checked (unknown ones refused by name)."""
+    allowed = tuple(allowed)
+    out = {}
+    for name, value in options.items():
+        if name not in allowed:
+            raise argument_error(call, name, value, "not an option of this call",
+                                 f"only {', '.join(allowed)}", queue=queue)
+        out[name] = _OPTION_CHECKS[name](value, call=call, argument=name, queue=queue)
+    return out
