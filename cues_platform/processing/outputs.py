@@ -9,6 +9,13 @@ at_least_once/at_most_once append the conformed tables directly (:func:`commit_d
 Committing a staged output appends it to its queue in one Delta commit that carries the step's
 delivery hash in its rows and the processor's app transaction ``proc:{processor} = step``; a
 commit of a step that the queue already has is a no-op, so a roll-forward can never deliver twice.
+
+A staged file is named by an attempt record, which is data in the lake: before any staged file is
+read, written or its folder deleted, its path is confined (``queues/confine.py``) to the staging
+folder of its own step (``{lake}/_cues/staging/{processor}/{step}-{hash8}``), so a damaged or
+forged record can never make recovery read a file from elsewhere (``/tmp/evil.parquet``) into an
+output queue: it raises :class:`~cues_platform.queues.confine.PathOutsideLakeError` (a platform
+error: nothing is delivered, no error row is written).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from cues_platform.processing.graph import Out
 from cues_platform.queues import Lake, Queue
 from cues_platform.queues.appender import AppendResult, append_batches
 from cues_platform.queues.by_reference import WrittenPart, append_written
+from cues_platform.queues.confine import PathOutsideLakeError, confine
 from cues_platform.queues.errors import SchemaError
 from cues_platform.queues.filesystems import filesystem_for, join_path
 from cues_platform.queues.names import join_uri
@@ -110,7 +118,7 @@ def conformed(queues: Mapping[str, Queue], tables: Mapping[str, Mapping[str, pa.
 def stage(lake: Lake, snapshot: Snapshot, ready: Mapping[str, Mapping[str, pa.Table]]) -> Staged:
     """Step 4 (exactly_once, an attempt over several queues): write each conformed (queue,
     partition) table as a staged Parquet file that the attempt record refers to."""
-    base = _staging_uri(lake, snapshot)
+    base = _staging_uri(lake, snapshot)  # confined: the processor id comes from the snapshot
     filesystem, root = filesystem_for(base, lake.options)
     filesystem.create_dir(root, recursive=True)
     staged: Staged = {}
@@ -126,19 +134,60 @@ def stage(lake: Lake, snapshot: Snapshot, ready: Mapping[str, Mapping[str, pa.Ta
 
 
 def _staging_uri(lake: Lake, snapshot: Snapshot) -> str:
-    return join_uri(lake.system_uri("staging", snapshot.processor),
-                    f"{snapshot.step:012d}-{snapshot.delivery_hash[:8]}")
+    """The staging folder of one step, confined to the lake's staging area."""
+    area = lake.system_uri("staging")
+    folder = join_uri(area, snapshot.processor, f"{snapshot.step:012d}-{snapshot.delivery_hash[:8]}")
+    return confine(root=lake.root, path=folder, under=area, processor=snapshot.processor,
+                   step=snapshot.step, named_by=f"the snapshot of step {snapshot.step} of processor "
+                   f"{snapshot.processor!r} (its staging folder)")
 
 
-def read_staged(files: Mapping[str, str], storage_options: Mapping[str, str] | None = None
-                ) -> dict[str, pa.Table]:
+STAGING_MARK = "/_cues/staging/"
+
+
+def read_staged(files: Mapping[str, str], storage_options: Mapping[str, str] | None = None, *,
+                lake: Lake | None = None, snapshot: Snapshot | None = None,
+                queue: str | None = None) -> dict[str, pa.Table]:
     """``{partition: table}`` of one queue's staged files (raises OSError when one is gone);
-    ``storage_options``: the lake's, for staged files on an object store."""
+    ``storage_options``: the lake's, for staged files on an object store.
+
+    Every file is confined before it is opened (:class:`PathOutsideLakeError` otherwise): with
+    ``lake`` and ``snapshot`` (the attempt's), to that step's own staging folder; with ``lake``
+    only, to the lake's staging area; with neither (older callers), to the staging area of the
+    lake that the path itself names (``.../_cues/staging/...``, no ``..``), which refuses any
+    file that is not a staged file but cannot tell this lake from another one."""
     tables = {}
     for part, uri in files.items():
+        confine_staged(uri, lake=lake, snapshot=snapshot, queue=queue, partition=part)
         filesystem, path = filesystem_for(uri, storage_options)
         tables[part] = pq.read_table(path, filesystem=filesystem)
     return tables
+
+
+def confine_staged(uri: str, *, lake: Lake | None, snapshot: Snapshot | None,
+                   queue: str | None = None, partition: str | None = None) -> str:
+    """``uri`` if it may be read as a staged file (see :func:`read_staged`), else raise
+    :class:`PathOutsideLakeError` naming the file and the attempt record that named it."""
+    named_by = "a staged-files map"
+    data: dict[str, Any] = {"queue": queue, "partition": partition}
+    if snapshot is not None:
+        named_by = (f"the attempt record of step {snapshot.step} of processor {snapshot.processor!r} "
+                    f"(delivery hash {snapshot.delivery_hash})"
+                    + (f" for {queue}/{partition}" if queue is not None else ""))
+        data.update(processor=snapshot.processor, step=snapshot.step, hash=snapshot.delivery_hash)
+    if lake is not None:
+        area = _staging_uri(lake, snapshot) if snapshot is not None else lake.system_uri("staging")
+        return confine(root=lake.root, path=uri, under=area, named_by=named_by, **data)
+    root = uri.split(STAGING_MARK, 1)[0] if isinstance(uri, str) and STAGING_MARK in uri else ""
+    if not root or root.endswith(":/"):
+        raise PathOutsideLakeError(
+            f"refusing file {uri!r} named by {named_by}: it is not a staged file (no "
+            f"{STAGING_MARK!r} folder of a lake in its path); nothing was read. A record that "
+            "names a file elsewhere is damaged or forged: run `cues audit` on the lake and restore "
+            "the record's table before running its processor again",
+            path=uri, root=None, area=None, named_by=named_by, reason="not a staged file", **data)
+    return confine(root=root, path=uri, under=join_uri(root, "_cues", "staging"), named_by=named_by,
+                   **data)
 
 
 def error_table(snapshot: Snapshot, exc: BaseException) -> pa.Table:
@@ -178,7 +227,7 @@ def commit_staged(lake: Lake, queue: Queue, snapshot: Snapshot, files: Mapping[s
     """Step 5: append one queue's staged files in one commit, at most once per step."""
     if delivered_to(queue, snapshot.processor, snapshot.step):
         return AppendResult(queue=queue.name, ranges={}, duplicate=True)
-    tables = read_staged(files, lake.options)
+    tables = read_staged(files, lake.options, lake=lake, snapshot=snapshot, queue=queue.name)
     return commit_once(queue, snapshot, tables, prepared=True, message_type=message_type)
 
 
