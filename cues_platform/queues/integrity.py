@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,6 +101,19 @@ class TableStorage:
             return None
         with self._handler.open_input_stream(rel) as stream:
             return bytes(stream.read())
+
+    def move(self, src: str, dst: str) -> None:
+        """Rename a file (one already moved by another process is fine)."""
+        if self._root is not None:
+            try:
+                os.replace(self._root / src, self._root / dst)
+            except FileNotFoundError:
+                return
+        else:
+            try:
+                self._handler.move(src, dst)
+            except FileNotFoundError:
+                return
 
     def missing(self, rels: Iterable[str]) -> list[str]:
         """Those of ``rels`` that do not exist."""
@@ -190,10 +204,16 @@ def _parse_ranges(text: str) -> dict[str, tuple[int, int]]:
 
 
 def check_commit(
-    queue: str, version: int, raw: bytes | None, *, storage: TableStorage | None = None
+    queue: str, version: int, raw: bytes | None, *, storage: TableStorage | None = None,
+    queue_rules: bool = True,
 ) -> list[Inconsistency]:
     """Problems of one commit entry (``raw`` is its bytes, None when the file is missing); with
-    ``storage``, also the data files it adds that are missing."""
+    ``storage``, also the data files it adds that are missing.
+
+    ``queue_rules``: also the rules only a queue's appender keeps (``cues.ranges`` on every data
+    commit, ranges agreeing with the add actions and ``part:`` transactions). System tables
+    (positions, the transaction coordinator) are written without them, so for those only the
+    structure counts: a healthy system commit is never blamed."""
     path = commit_path(version)
 
     def problem(detail: str, partition: str | None = None) -> Inconsistency:
@@ -217,6 +237,11 @@ def check_commit(
     info = next((a["commitInfo"] for a in actions if "commitInfo" in a), None)
     if not isinstance(info, dict):
         return [problem("has no commitInfo: part of the entry was lost")]
+    if len(actions) == 1 and (lost := _lost_actions(info)):
+        # cut down to its commitInfo line: delta-rs loads it as a commit that changed nothing, so
+        # the rows it added are invisible and the next append would reuse their offsets
+        return [problem(f"holds only its commitInfo, which declares {lost}: its actions were "
+                        "lost (the rows it added are invisible and their offsets would be reused)")]
     adds = [a["add"] for a in actions if isinstance(a.get("add"), dict)]
     written = [a for a in adds if a.get("dataChange", True)]
     txns = {t["appId"]: int(t["version"]) for a in actions
@@ -231,7 +256,9 @@ def check_commit(
                 f"declares {declared_rows} added row(s) (operationMetrics) but its add actions "
                 f"hold {stored}"))
     ranges_text = info.get(RANGES_KEY)
-    if ranges_text is None:
+    if not queue_rules:
+        pass
+    elif ranges_text is None:
         if written:
             problems.append(problem(
                 f"adds {len(written)} data file(s) but has no {RANGES_KEY} metadata: it was not "
@@ -249,6 +276,35 @@ def check_commit(
             f"data file {storage.location(rel)} of commit {path} is missing; {REPAIR_HINT}",
             path=rel, version=version) for rel in gone]
     return problems
+
+
+# commitInfo keys the platform writes only on a commit that also carries app transactions
+# (a processor's at-least-once nil step writes cues.step/cues.hash with no action at all)
+_TXN_KEYS = ("cues.producer", "cues.txn", "cues.epoch", "cues.snapshot")
+
+
+def _lost_actions(info: dict[str, Any]) -> str | None:
+    """What a commitInfo says its commit held, when that cannot be nothing; None for a commit
+    that may legitimately hold no action (an empty write with no app transaction).
+
+    delta-rs writes ``operationMetrics`` with ``num_added_files``/``num_added_rows`` (snake case;
+    ``numAddedFiles``/``numOutputRows`` elsewhere); the platform's own metadata
+    (``cues.ranges``, a producer, a delivery hash, a transaction) always comes with actions."""
+    metrics = info.get("operationMetrics")
+    metrics = metrics if isinstance(metrics, dict) else {}
+    for key, what in (("num_added_rows", "row(s)"), ("numOutputRows", "row(s)"),
+                      ("num_added_files", "added file(s)"), ("numAddedFiles", "added file(s)"),
+                      ("num_removed_files", "removed file(s)"), ("numRemovedFiles", "removed file(s)")):
+        value = metrics.get(key)
+        if isinstance(value, int) and value > 0:
+            return f"{value} {what} ({info.get('operation', 'an operation')})"
+    ranges = info.get(RANGES_KEY)
+    if isinstance(ranges, str) and ranges:
+        return f"offsets {ranges} ({RANGES_KEY})"
+    for key in _TXN_KEYS:
+        if key in info:
+            return f"{key} = {info[key]!r}, which is always written with app transactions"
+    return None
 
 
 def _num_records(add: dict[str, Any]) -> int:
@@ -289,7 +345,8 @@ def _check_ranges(ranges: dict[str, tuple[int, int]], adds: list[dict[str, Any]]
 
 
 def check_commits(
-    queue: str, storage: TableStorage, versions: Iterable[int], *, files: bool = True
+    queue: str, storage: TableStorage, versions: Iterable[int], *, files: bool = True,
+    queue_rules: bool = True,
 ) -> list[Inconsistency]:
     """:func:`check_commit` for each of ``versions``. A missing entry is damage, unless a
     checkpoint at or after it exists (log cleanup removes entries a checkpoint superseded)."""
@@ -304,15 +361,231 @@ def check_commits(
                 checkpoint = -1 if found is None else found
             if version <= checkpoint:
                 continue
-        out += check_commit(queue, version, raw, storage=storage if files else None)
+        out += check_commit(queue, version, raw, storage=storage if files else None,
+                            queue_rules=queue_rules)
     return out
 
 
 def newest_checkpoint(storage: TableStorage, upto: int) -> int | None:
     """The newest checkpoint version at or below ``upto`` (None when there is none)."""
-    versions = [int(name.split(".", 1)[0]) for name in storage.log_entries()
-                if ".checkpoint." in name and name.split(".", 1)[0].isdigit()]
-    return max((v for v in versions if v <= upto), default=None)
+    return max((v for v in checkpoint_files(storage) if v <= upto), default=None)
+
+
+# -- checkpoints: torn or missing, and the fallback that is provably safe ----------------------------
+CHECKPOINT_HINT = f"{LOG_DIR}/_last_checkpoint"
+# a damaged checkpoint is moved aside under this prefix (no Delta reader takes it for a log file)
+DAMAGED_PREFIX = "_damaged."
+_CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d+)\.(\d+))?\.parquet$")
+
+
+def checkpoint_files(storage: TableStorage) -> dict[int, list[str]]:
+    """The checkpoint files in the log (names, not paths) by version (classic and multi-part)."""
+    out: dict[int, list[str]] = {}
+    for name in storage.log_entries():
+        if (found := _CHECKPOINT.match(name)) is not None:
+            out.setdefault(int(found.group(1)), []).append(name)
+    return out
+
+
+def checkpoint_problem(storage: TableStorage, names: list[str]) -> str | None:
+    """Why the checkpoint made of ``names`` cannot be loaded (a torn Parquet footer, a missing
+    part of a multi-part checkpoint), or None when every part reads."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parts = {int(m.group(3)) for n in names if (m := _CHECKPOINT.match(n)) and m.group(3)}
+    if parts and len(names) != max(parts):
+        return f"has {len(names)} of its {max(parts)} parts"
+    for name in sorted(names):
+        raw = storage.read(f"{LOG_DIR}/{name}")
+        if raw is None:
+            return f"part {name} is missing"
+        try:
+            pq.read_metadata(pa.BufferReader(raw))
+        except (pa.ArrowException, OSError) as exc:
+            return f"is torn (not a readable Parquet file: {str(exc).splitlines()[0]})"
+    return None
+
+
+def _hinted_version(storage: TableStorage) -> int | None:
+    """The version ``_last_checkpoint`` names (None: no hint, or one delta-rs ignores)."""
+    raw = storage.read(CHECKPOINT_HINT)
+    if raw is None:
+        return None
+    try:
+        version = json.loads(raw)["version"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return version if isinstance(version, int) else None
+
+
+def _structure_problem(raw: bytes | None) -> str | None:
+    """Why a commit entry cannot be loaded at all (missing, empty, not JSON), else None."""
+    if raw is None:
+        return "is missing"
+    lines = [ln for ln in raw.decode("utf-8", errors="replace").splitlines() if ln.strip()]
+    if not lines:
+        return "is empty"
+    for number, line in enumerate(lines, 1):
+        try:
+            if not isinstance(json.loads(line), dict):
+                return f"has a line that is not a Delta action (line {number})"
+        except ValueError:
+            return f"is truncated or not JSON at line {number}"
+    return None
+
+
+@dataclass(frozen=True)
+class CheckpointDamage:
+    """The log's damaged checkpoints and where the table can safely load from instead.
+
+    ``damaged``: ``(relative path, detail)`` of each unreadable checkpoint file and of a
+    ``_last_checkpoint`` that names no readable checkpoint. ``fallback``: the newest readable
+    checkpoint version from which every later commit entry exists and parses (-1: from version
+    0), or None when there is none; then ``blocker`` names the first commit that is missing or
+    unreadable above the newest readable checkpoint."""
+
+    damaged: tuple[tuple[str, str], ...]
+    fallback: int | None
+    blocker: tuple[str, str] | None = None
+
+    def describe(self, storage: TableStorage) -> str:
+        return "; ".join(f"{storage.location(rel)} {detail}" for rel, detail in self.damaged)
+
+
+def find_checkpoint_damage(storage: TableStorage) -> CheckpointDamage | None:
+    """None when every checkpoint reads and ``_last_checkpoint`` names one; else what is damaged
+    and the safe fallback point (see :class:`CheckpointDamage`). Reads every checkpoint's footer
+    and, when one is damaged, every commit entry above the fallback: for the error path."""
+    found = checkpoint_files(storage)
+    damaged: list[tuple[str, str]] = []
+    bad_versions: set[int] = set()
+    for version, names in sorted(found.items()):
+        detail = checkpoint_problem(storage, names)
+        if detail is not None:
+            bad_versions.add(version)
+            damaged += [(f"{LOG_DIR}/{n}", f"(checkpoint of version {version}) {detail}") for n in sorted(names)]
+    # a hint that is not JSON is no damage: delta-rs then lists the log (it loads); a hint naming
+    # a checkpoint that is missing or damaged is (delta-rs: "Had a _last_checkpoint hint but
+    # didn't find any checkpoints")
+    hinted = _hinted_version(storage)
+    if hinted is not None and hinted not in found:
+        damaged.append((CHECKPOINT_HINT, f"names checkpoint version {hinted}, which is missing"))
+    elif hinted is not None and hinted in bad_versions:
+        damaged.append((CHECKPOINT_HINT, f"names the damaged checkpoint of version {hinted}"))
+    if not damaged:
+        return None
+    commits = [int(n[:20]) for n in storage.log_entries() if n.endswith(".json") and n[:20].isdigit()]
+    newest = max([*commits, *found], default=-1)
+    blocker: tuple[str, str] | None = None
+    for start in [*sorted((v for v in found if v not in bad_versions), reverse=True), -1]:
+        first_bad = next(((v, d) for v in range(start + 1, newest + 1)
+                          if (d := _structure_problem(storage.read(commit_path(v)))) is not None), None)
+        if first_bad is None:
+            return CheckpointDamage(tuple(damaged), start)
+        if blocker is None:
+            blocker = (commit_path(first_bad[0]), first_bad[1])
+    return CheckpointDamage(tuple(damaged), None, blocker)
+
+
+def fall_back_from_damaged_checkpoint(storage: TableStorage, *, what: str) -> CheckpointDamage | None:
+    """Make a table whose checkpoint is torn or missing load again, when that is provably safe.
+
+    A checkpoint only summarizes the commit entries before it, so the table's state is the same
+    when it is loaded from an older readable checkpoint (or from version 0) plus every commit
+    entry after it. When every such entry exists and parses, the damaged checkpoint files are
+    moved aside (renamed ``_damaged.{name}`` in the log folder, kept for inspection) and a
+    ``_last_checkpoint`` naming no readable checkpoint is removed (it is a hint: delta-rs lists
+    the log without it). Returns what was done, None when nothing was damaged. When some entry
+    after every readable checkpoint is missing or unreadable, nothing is changed and
+    :class:`LogIntegrityError` names the damaged checkpoint, the missing entry and what to do.
+    Safe against a concurrent caller doing the same (a file already moved is fine).
+    """
+    import logging
+
+    from cues_platform.queues.errors import LogIntegrityError
+
+    damage = find_checkpoint_damage(storage)
+    if damage is None:
+        return None
+    if damage.fallback is None:
+        first = damage.damaged[0][0]
+        blocker = (f"; and commit {storage.location(damage.blocker[0])} {damage.blocker[1]}, so no "
+                   "older checkpoint or the commits alone can replace it" if damage.blocker else "")
+        raise LogIntegrityError(
+            f"{what}: the Delta log at {storage.uri} cannot be loaded: {damage.describe(storage)}"
+            f"{blocker}. Restore {storage.location(first)} (or the missing commit) from a backup "
+            "before using the table again", table=what, path=storage.location(first),
+            damaged=[storage.location(r) for r, _ in damage.damaged])
+    for rel, _ in damage.damaged:
+        if rel == CHECKPOINT_HINT:
+            storage.delete([rel])
+        else:
+            storage.move(rel, f"{LOG_DIR}/{DAMAGED_PREFIX}{rel.rsplit('/', 1)[-1]}")
+    logging.getLogger(__name__).warning(
+        "%s: %s; moved aside, the table loads from %s (every later commit entry is present)",
+        what, damage.describe(storage),
+        "version 0" if damage.fallback < 0 else f"the checkpoint of version {damage.fallback}")
+    return damage
+
+
+def open_delta_table(
+    uri: str, storage_options: Mapping[str, str] | None, *, what: str, version: int | None = None
+) -> DeltaTable:
+    """``DeltaTable(uri)``, falling back from a torn or missing checkpoint when that is safe
+    (:func:`fall_back_from_damaged_checkpoint`). Any other load error is raised as it is (the
+    caller turns it into a typed error, :func:`diagnose_unloadable`)."""
+    from deltalake.exceptions import DeltaError, TableNotFoundError
+
+    options = dict(storage_options) if storage_options else None
+    try:
+        return DeltaTable(uri, version=version, storage_options=options)
+    except TableNotFoundError:
+        raise
+    except DeltaError:
+        if fall_back_from_damaged_checkpoint(TableStorage(uri, options), what=what) is None:
+            raise
+    return DeltaTable(uri, version=version, storage_options=options)
+
+
+def diagnose_unloadable(
+    storage: TableStorage, *, what: str, error: Exception, queue_rules: bool = True
+) -> Exception:
+    """The error to raise when delta-rs cannot load a table's log: a :class:`LogIntegrityError`
+    naming the damaged checkpoint or commit entry when one is found, else ``error``.
+
+    ``queue_rules``: False for system tables (positions, coordinator), whose healthy commits carry
+    no ``cues.ranges`` and must not be blamed (:func:`check_commit`)."""
+    from cues_platform.queues.errors import LogIntegrityError
+
+    said = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    damage = find_checkpoint_damage(storage)
+    if damage is not None:
+        first = damage.damaged[0][0]
+        todo = ("open it again: it loads from the previous checkpoint, every commit after it is "
+                "present" if damage.fallback is not None else
+                f"restore {storage.location(first)} (or commit "
+                f"{storage.location(damage.blocker[0]) if damage.blocker else '?'}) from a backup "
+                "before using the table again")
+        return LogIntegrityError(
+            f"{what}: the Delta log at {storage.uri} cannot be loaded: {damage.describe(storage)}; "
+            f"{todo}. delta-rs said: {said}", table=what, path=storage.location(first))
+    entries = [int(n[:-5]) for n in storage.log_entries() if n.endswith(".json") and n[:-5].isdigit()]
+    if not entries:
+        return error
+    newest = max(entries)
+    start = newest_checkpoint(storage, newest)
+    versions = range(max(0 if start is None else start + 1, newest - 200), newest + 1)
+    problems = check_commits(what, storage, versions, files=False, queue_rules=queue_rules)
+    if not problems:
+        return error
+    first = problems[0]
+    return LogIntegrityError(
+        f"{what}: the Delta log at {storage.uri} cannot be read: {first.detail.split(';')[0]} "
+        f"({storage.location(first.path or '')}); restore that file from a backup before using "
+        f"the table again. delta-rs said: {said}",
+        table=what, path=storage.location(first.path or ""), version=first.version,
+        problems=problems)
 
 
 # -- (a): statistics ---------------------------------------------------------------------------------
@@ -398,6 +671,10 @@ __all__ = [
     "TableStorage",
     "check_commit",
     "check_commits",
+    "diagnose_unloadable",
+    "fall_back_from_damaged_checkpoint",
+    "find_checkpoint_damage",
+    "open_delta_table",
     "find_inconsistencies",
     "leftover_content",
     "verify_log",

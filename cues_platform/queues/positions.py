@@ -16,12 +16,17 @@ from datetime import UTC, datetime
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import DeltaError
+from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from cues_platform.queues.creation import create_table_once
 from cues_platform.queues.errors import StorageUnreachableError
 from cues_platform.queues.faults import translated
-from cues_platform.queues.integrity import TableStorage, handle_is_current
+from cues_platform.queues.integrity import (
+    TableStorage,
+    diagnose_unloadable,
+    handle_is_current,
+    open_delta_table,
+)
 from cues_platform.queues.lake import Lake
 from cues_platform.queues.maintenance import COMMIT_HOOKS, NO_LOG_CLEANUP_PROPERTY, trim_log
 
@@ -55,7 +60,22 @@ def open_system_table(lake: Lake, name: str, schema: pa.Schema) -> DeltaTable:
         create_table_once(lake, uri, schema, what=what,
                           configuration={"delta.checkpointInterval": str(CHECKPOINT_INTERVAL),
                                          **NO_LOG_CLEANUP_PROPERTY})
-    return lake.open_table(uri, what=what)
+    return _open(lake, uri, what=what)
+
+
+def _open(lake: Lake, uri: str, *, what: str) -> DeltaTable:
+    """Open a system table: a torn or missing checkpoint falls back to the previous one (or the
+    log) when every later commit is present; any other damage is a :class:`LogIntegrityError`
+    naming the damaged file, judged by the rules of a system table (its healthy commits carry no
+    ``cues.ranges`` and are never blamed)."""
+    try:
+        with translated(table=what, uri=uri, during="open"):
+            return open_delta_table(uri, lake.options, what=what)
+    except TableNotFoundError:
+        return lake.open_table(uri, what=what)  # the typed error for a missing or lost table
+    except DeltaError as exc:
+        raise diagnose_unloadable(TableStorage(uri, lake.options), what=what, error=exc,
+                                  queue_rules=False) from exc
 
 
 class SystemTable:
@@ -86,12 +106,13 @@ class SystemTable:
             except StorageUnreachableError:
                 raise
             except DeltaError as exc:
-                raise self.lake.diagnose_log(self.uri, what=f"system table {self.name!r}",
-                                             error=exc) from exc
+                raise diagnose_unloadable(TableStorage(self.uri, self.lake.options),
+                                          what=f"system table {self.name!r}", error=exc,
+                                          queue_rules=False) from exc
             # None: another handle's cleanup trimmed the log past this one: open it again
             if current is None or self._dt.version() - self.opened_at >= REOPEN_EVERY:
                 self.cleanup_log()
-                self._dt = self.lake.open_table(self.uri, what=f"system table {self.name!r}")
+                self._dt = _open(self.lake, self.uri, what=f"system table {self.name!r}")
                 self.opened_at = self._dt.version()
             return self._dt
 
