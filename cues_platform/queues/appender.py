@@ -188,62 +188,68 @@ def append_batches(
     # a store that stops answering (after delta-rs' retries) is one typed error, wherever it hits
     with translated(table=f"queue {queue.name!r}", uri=queue.uri, during="commit"):
         for attempt in range(1, max_attempts + 1):
-            # Step 1
-            dt = queue.refresh()
-            queue.ensure_appendable(dt)  # a damaged log (storage fault) refuses: LogIntegrityError
-            # Step 2
-            for guard in guards:
-                done = guard(dt)
-                if done is not None:
-                    return done
-            # Step 3
-            now = datetime.now(UTC)
-            parts, ranges, txns = [], {}, []
-            for partition, table in tables.items():
-                start = queue.next_offset(partition, snapshot=dt)
-                end = start + table.num_rows
-                ranges[partition] = (start, end)
-                parts.append(
-                    _with_metadata(table, partition=partition, start=start, opts=opts, now=now)
-                )
-                txns.append(Transaction(f"part:{partition}", end))
-            txns += [Transaction(app_id, version) for app_id, version in opts.app_transactions]
-            if not parts:
-                data = queue.table_schema.empty_table()
-            else:
-                data = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-                data = data.cast(queue.table_schema)
-            # Step 4
             try:
-                with queue._lock:
-                    before = queue.cache.key(dt)
-                    write_deltalake(
-                        dt,
-                        data,
-                        mode="append",
-                        partition_by=[PARTITION],
-                        commit_properties=CommitProperties(
-                            app_transactions=txns, max_commit_retries=REBASE_RETRIES,
-                            custom_metadata={**metadata, "cues.ranges": _ranges_text(ranges)},
-                        ),
-                        post_commithook_properties=COMMIT_HOOKS,
-                    )
-                    version = dt.version()
-                    queue.cache.committed(dt, before=before, txns=[(t.app_id, t.version) for t in txns])
+                # Steps 1-4 under the handle's lock: no other thread of this handle moves the
+                # snapshot between the offsets read from it and the commit built on it
+                with queue.writing() as dt:
+                    result = _attempt(queue, dt, tables, guards=guards, opts=opts,
+                                      metadata=metadata, attempt=attempt)
             except CommitFailedError:
-                # Step 5
+                # Step 5 (the back-off sleeps outside the lock)
                 time.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, 0.25)
                 continue
-            return AppendResult(
-                queue=queue.name, ranges=ranges, version=version, attempts=attempt, metadata=metadata
-            )
+            return result
     raise ConcurrentAppendError(
         f"queue {queue.name!r}: gave up after {max_attempts} attempts because other writers kept "
         f"taking the same offsets of {sorted(tables)}; retry later or spread writers over partitions",
         queue=queue.name,
         partitions=sorted(tables),
     )
+
+
+def _attempt(
+    queue: Queue, dt: DeltaTable, tables: Mapping[str, pa.Table], *, guards: Sequence[Guard],
+    opts: AppendOptions, metadata: Mapping[str, str], attempt: int,
+) -> AppendResult:
+    """Steps 1-4 on snapshot ``dt``; the caller holds ``queue``'s lock (``Queue.writing``)."""
+    queue.ensure_appendable(dt)  # a damaged log (storage fault) refuses: LogIntegrityError
+    # Step 2
+    for guard in guards:
+        done = guard(dt)
+        if done is not None:
+            return done
+    # Step 3
+    now = datetime.now(UTC)
+    parts, ranges, txns = [], {}, []
+    for partition, table in tables.items():
+        start = queue.next_offset(partition, snapshot=dt)
+        end = start + table.num_rows
+        ranges[partition] = (start, end)
+        parts.append(_with_metadata(table, partition=partition, start=start, opts=opts, now=now))
+        txns.append(Transaction(f"part:{partition}", end))
+    txns += [Transaction(app_id, version) for app_id, version in opts.app_transactions]
+    if not parts:
+        data = queue.table_schema.empty_table()
+    else:
+        data = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        data = data.cast(queue.table_schema)
+    # Step 4
+    before = queue.cache.key(dt)
+    write_deltalake(
+        dt,
+        data,
+        mode="append",
+        partition_by=[PARTITION],
+        commit_properties=CommitProperties(
+            app_transactions=txns, max_commit_retries=REBASE_RETRIES,
+            custom_metadata={**metadata, "cues.ranges": _ranges_text(ranges)},
+        ),
+        post_commithook_properties=COMMIT_HOOKS,
+    )
+    queue.committed(dt, before=before, txns=[(t.app_id, t.version) for t in txns])
+    return AppendResult(queue=queue.name, ranges=ranges, version=dt.version(), attempts=attempt,
+                        metadata=dict(metadata))
 
 
 def _ranges_text(ranges: Mapping[str, tuple[int, int]]) -> str:

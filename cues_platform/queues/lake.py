@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -129,7 +129,7 @@ class Lake:
 
         uri = uri or self.queue_uri(name)
         payload = validate_payload_schema(schema, queue=name)
-        parts = [validate_partition(p) for p in partitions]
+        parts = partition_names(partitions, where=f"create_queue({name!r})")
         if not parts or len(set(parts)) != len(parts):
             raise ConfigurationError(
                 f"queue {name!r}: declare one or more distinct partitions, got {list(partitions)}"
@@ -282,6 +282,27 @@ class Lake:
 
 
 STATS_COLUMNS = f"{OFFSET},{TXN_ID},{APPEND_TIME}"
+
+
+def partition_names(partitions: object, *, where: str, argument: str = "partitions") -> list[str]:
+    """The partition names of ``partitions`` (a sequence of names), each validated.
+
+    A ``str`` or ``bytes`` is refused: iterating it would declare one partition per character
+    (``"ab"`` -> ``"a"``, ``"b"``), silently. Raises :class:`ConfigurationError` naming
+    ``argument`` and the fix, or :class:`InvalidNameError` for an illegal name."""
+    if isinstance(partitions, str | bytes | bytearray):
+        shown = partitions.decode(errors="replace") if isinstance(partitions, bytes | bytearray) \
+            else partitions
+        raise ConfigurationError(
+            f"{where}: {argument} must be a sequence of partition names such as ['a', 'b'], not "
+            f"the {type(partitions).__name__} {partitions!r} (it would declare one partition per "
+            f"character); pass [{shown!r}] for the one partition {shown!r}",
+            argument=argument, value=partitions)
+    if not isinstance(partitions, Iterable):
+        raise ConfigurationError(
+            f"{where}: {argument} must be a sequence of partition names such as ['a', 'b'], not "
+            f"{type(partitions).__name__} {partitions!r}", argument=argument, value=partitions)
+    return [validate_partition(p) for p in partitions]
 
 
 def _is_queue_name(name: str) -> bool:

@@ -2,23 +2,44 @@
 
 The handle caches one delta-rs ``DeltaTable`` and moves it forward with ``update_incremental``, so
 opening stays cheap however many commits the table has (checkpoints every 100 commits).
-A handle is safe to share between threads: snapshot access is serialized by a lock.
+
+Threads. A handle is safe to share between threads. Its snapshot is one ``DeltaTable`` object that
+every refresh and every commit through the handle moves forward, so a writer must not read from it
+outside the handle's lock and commit on it later: another thread's commit would move the object
+in between, the commit would be built on the moved snapshot, and delta-rs would see no conflict
+(the offsets read before would be taken twice). Every commit path therefore runs its whole
+attempt (read the newest snapshot, check, number the rows, commit) inside :meth:`Queue.writing`,
+which holds the lock; back-off sleeps happen outside. Reads outside the lock are safe: a queue is
+append-only, and a snapshot moved forward still holds every row an older one did.
+
+A table replaced under a handle (the queue deleted and created again at the same path) is
+noticed on the next refresh: on a local lake by the identity of the commit entry of the handle's
+version (one ``stat``, as cheap as the existence check it replaces), anywhere by the table id in
+its metadata. The handle then opens the new table from scratch (its metadata, partitions, schema,
+cache and integrity checks are the new table's), rather than replaying the new table's commits on
+top of the old table's state.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import random
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
-from deltalake.exceptions import DeltaError
+from deltalake import CommitProperties, DeltaTable
+from deltalake.exceptions import CommitFailedError, DeltaError
 
 from cues_platform.queues.errors import (
+    ConcurrentAppendError,
     LogIntegrityError,
     QueueError,
     StorageUnreachableError,
@@ -29,9 +50,8 @@ from cues_platform.queues.integrity import (
     Inconsistency,
     TableStorage,
     check_commits,
-    handle_is_current,
 )
-from cues_platform.queues.lake import MAX_ROWS_KEY, PARTITIONS_KEY, Lake
+from cues_platform.queues.lake import MAX_ROWS_KEY, PARTITIONS_KEY, Lake, partition_names
 from cues_platform.queues.names import validate_name, validate_partition, validate_processor_id
 from cues_platform.queues.schema import OFFSET, PARTITION, payload_schema_of
 from cues_platform.queues.snapshot_cache import SnapshotCache
@@ -42,8 +62,10 @@ if TYPE_CHECKING:
     from cues_platform.queues.reader import Isolation
     from cues_platform.queues.tailer import Tailer
 
-PARTITION_TXN = "part:"
-REOPEN_EVERY = 100  # commits; the default checkpoint interval  # app id prefix: version = next offset of that partition
+PARTITION_TXN = "part:"  # app id prefix: version = next offset of that partition
+REOPEN_EVERY = 100  # commits; the default checkpoint interval
+ADD_PARTITIONS_ATTEMPTS = 200  # conflicting metadata changes retried by add_partitions
+METADATA_REBASE_RETRIES = 100  # delta-rs rebases a metadata change over plain appends
 
 
 def partition_app_id(partition: str) -> str:
@@ -73,8 +95,12 @@ class Queue:
         self._lock = threading.RLock()
         self._dt = lake.open_table(self.uri, what=f"queue {name!r}")
         self._opened_at = self._dt.version()
+        self._table_id = self._dt.metadata().id
         # local tables: the log folder, to see whether a newer commit exists with one stat()
         self._log_dir = lake.local_path(self.uri) / "_delta_log" if lake.is_local else None
+        # (version, identity of its commit entry): a different file there means a new table
+        self._entry: tuple[int, tuple[int, int, int, int]] | None = None
+        self._note_entry()
         # log integrity: the newest version whose commit entry this handle checked, and the damage
         # found so far (see ensure_appendable)
         self._verified: int | None = None
@@ -120,20 +146,96 @@ class Queue:
                 raise self.lake.diagnose_log(self.uri, what=f"queue {self.name!r}", error=exc) from exc
 
     def _refresh(self) -> DeltaTable:  # under self._lock
-        current = False if self._log_dir is None else handle_is_current(self._log_dir, self._dt.version())
-        if current is False:
+        state = "remote" if self._log_dir is None else self._log_state()
+        if state in ("newer", "remote"):
             self._dt.update_incremental()
-        if current is None or self._dt.version() - self._opened_at >= REOPEN_EVERY:
-            # Trimmed past this handle (None), or: delta-rs snapshots updated commit by commit get
-            # slower with every commit (measured: 17 ms appends at 100 commits, 104 ms at 1,000);
-            # a fresh handle starts from the newest checkpoint instead.
+            self._note_entry()
+        if state == "remote" and self._dt.metadata().id != self._table_id:
+            state = "replaced"  # the new table's commits were replayed over the old one's state
+        if state in ("gone", "replaced") or self._dt.version() - self._opened_at >= REOPEN_EVERY:
+            # Trimmed past this handle or a new table at the path ("gone", "replaced"), or:
+            # delta-rs snapshots updated commit by commit get slower with every commit (measured:
+            # 17 ms appends at 100 commits, 104 ms at 1,000); a fresh handle starts from the
+            # newest checkpoint instead.
             self._dt = self.lake.open_table(self.uri, what=f"queue {self.name!r}")
             self._opened_at = self._dt.version()
+            self._note_entry()
+            if self._dt.metadata().id != self._table_id:
+                self._replaced()
         if PARTITIONS_KEY in self._dt.metadata().configuration:
             parts = tuple(json.loads(self._dt.metadata().configuration[PARTITIONS_KEY]))
             if parts != self.partitions:
                 self.partitions = parts
         return self._dt
+
+    def _log_state(self) -> str:  # under self._lock; local lakes
+        """Where the handle stands, from two stats and no listing: "current" (no entry after its
+        version), "newer" (newer commits exist), "gone" (its own entry is gone: the log was
+        trimmed past it, or the table was deleted, so it must be opened again from the newest
+        checkpoint; updating it entry by entry would find nothing and keep it stale) or
+        "replaced" (its version's entry is another file than the one it loaded: the table was
+        deleted and created again, and its entries are another table's)."""
+        log_dir, version = self._log_dir or Path(), self._dt.version()
+        try:
+            stat = os.stat(log_dir / f"{version:020d}.json")
+        except FileNotFoundError:
+            return "gone"
+        identity = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        if self._entry is not None and self._entry[0] == version and self._entry[1] != identity:
+            return "replaced"
+        if self._entry is None or self._entry[0] != version:
+            # moved by a commit made on this handle's snapshot since the last refresh
+            self._entry = (version, identity)
+        return "newer" if (log_dir / f"{version + 1:020d}.json").exists() else "current"
+
+    def _note_entry(self) -> None:  # under self._lock (or in __init__)
+        """Remember the identity of the commit entry of the snapshot's version (local lakes)."""
+        if self._log_dir is None:
+            return
+        version = self._dt.version()
+        try:
+            stat = os.stat(self._log_dir / f"{version:020d}.json")
+        except FileNotFoundError:  # trimmed already: the next refresh reopens
+            self._entry = None
+            return
+        self._entry = (version, (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns))
+
+    def _replaced(self) -> None:  # under self._lock
+        """The table at this handle's path is another one than the handle had open: forget
+        everything read from the old one."""
+        self._table_id = self._dt.metadata().id
+        self.cache = SnapshotCache()
+        self._verified = None
+        self._damage = []
+        self._load_metadata()
+
+    @contextmanager
+    def writing(self) -> Iterator[DeltaTable]:
+        """The newest snapshot, with this handle's lock held until the block ends.
+
+        Build a commit inside the block from what is read from the snapshot inside the block
+        (offsets, app-transaction versions, guards), and commit on the snapshot inside it too
+        (``write_deltalake(dt, ...)``, ``dt.create_write_transaction``, ``dt.alter``): then no
+        other thread of this handle moves the snapshot in between, and delta-rs' conflict check
+        covers every commit since what was read. Sleep (back off) outside the block. Guards run
+        inside the block must not take another handle's lock."""
+        with self._lock:
+            dt = self.refresh()
+            try:
+                yield dt
+            finally:
+                if dt is self._dt and (self._entry is None or self._entry[0] != dt.version()):
+                    self._note_entry()
+
+    def committed(self, dt: DeltaTable, *, before: tuple[str, int],
+                  txns: Iterable[tuple[str, int]]) -> None:
+        """``dt`` (this handle's snapshot) just committed on top of ``before`` (``cache.key`` read
+        before the commit) with app transactions ``txns``: seed the cache of the new version and
+        remember its commit entry. Call inside :meth:`writing`."""
+        with self._lock:
+            self.cache.committed(dt, before=before, txns=txns)
+            if dt is self._dt:
+                self._note_entry()
 
     def ensure_appendable(self, dt: DeltaTable) -> None:
         """Raise :class:`LogIntegrityError` if the log of snapshot ``dt`` is damaged where an
@@ -187,15 +289,48 @@ class Queue:
         return partition
 
     def add_partitions(self, partitions: Sequence[str]) -> None:
-        """Declare more partitions (subjects). Existing ones are kept; order is preserved."""
-        new = [validate_partition(p) for p in partitions]
-        with self._lock:
-            dt = self.refresh()
-            merged = list(self.partitions) + [p for p in new if p not in self.partitions]
-            dt.alter.set_table_properties(
-                {PARTITIONS_KEY: json.dumps(merged)}, raise_if_not_exists=False
+        """Declare more partitions (subjects). Existing ones are kept; order is preserved.
+
+        Idempotent and safe against concurrent callers in any process: the declared partitions
+        are read from the newest snapshot and the union committed on it; when another process
+        changed the metadata first (delta-rs: "Metadata changed since last commit") the call reads
+        again and merges again, so every partition any caller asked for ends up declared, in the
+        order they were first declared. Raises :class:`ConcurrentAppendError` (retryable) only if
+        the metadata kept changing for ``ADD_PARTITIONS_ATTEMPTS`` attempts."""
+        new = list(dict.fromkeys(partition_names(
+            partitions, where=f"queue {self.name!r}: add_partitions")))
+        delay = 0.002
+        for _ in range(ADD_PARTITIONS_ATTEMPTS):
+            try:
+                with self.writing() as dt:
+                    current = self._declared(dt)
+                    missing = [p for p in new if p not in current]
+                    if not missing:
+                        self.partitions = current
+                        return
+                    dt.alter.set_table_properties(
+                        {PARTITIONS_KEY: json.dumps([*current, *missing])},
+                        raise_if_not_exists=False,
+                        commit_properties=CommitProperties(max_commit_retries=METADATA_REBASE_RETRIES),
+                    )
+                    self.refresh()
+                    return
+            except CommitFailedError:  # another metadata change won: read it and merge again
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 0.25)
+        raise ConcurrentAppendError(
+            f"queue {self.name!r}: could not add partitions {new}: other writers kept changing the "
+            f"queue's metadata ({ADD_PARTITIONS_ATTEMPTS} attempts); retry later",
+            queue=self.name, partitions=new)
+
+    def _declared(self, dt: DeltaTable) -> tuple[str, ...]:
+        config = dt.metadata().configuration
+        if PARTITIONS_KEY not in config:
+            raise QueueError(
+                f"{self.uri} is a Delta table but not a cues queue (no {PARTITIONS_KEY} property)",
+                queue=self.name,
             )
-            self.refresh()
+        return tuple(json.loads(config[PARTITIONS_KEY]))
 
     # -- offsets -----------------------------------------------------------------------------------
     def next_offset(self, partition: str, *, snapshot: DeltaTable | None = None) -> int:
