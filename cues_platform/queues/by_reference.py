@@ -4,11 +4,15 @@ The writer numbers the rows of one partition ``start, start+1, ...`` itself, fro
 next offset read before it wrote. Delivery contract of :func:`commit_files` (every retry starts
 again at step 1):
 
-1. Read every written file's Parquet footer (never its rows): row count, ``_offset`` min/max and
-   null counts. Verify density: the files' offset ranges, sorted, tile ``[start, start + rows)``
-   exactly (no gap, no repeat), each file holds ``max - min + 1`` rows, the payload columns have
-   the queue's types and required columns no null. A file set that fails raises :class:`NotCommittableError`: nothing is
-   committed, the caller rewrites the rows through :func:`~cues_platform.queues.appender.append_batches`.
+1. Read every written file's Parquet footer: row count, ``_offset`` min/max and null counts.
+   Verify density: the files' offset ranges, sorted, tile ``[start, start + rows)`` exactly (no
+   gap, no repeat), each file holds ``max - min + 1`` rows, the payload columns have the queue's
+   types and required columns no null. Then read each file's ``_offset`` column (one int64
+   column, not the payload) and verify it holds exactly ``min..min+rows-1``, each once: the
+   footer's min, max and count agree for ``[s, s, s+2]`` too, so they alone prove nothing (1M
+   rows: ~11 ms on this machine, next to ~1.3 s for the executors to write them). A file set that fails raises
+   :class:`NotCommittableError`: nothing is committed, the caller rewrites the rows through
+   :func:`~cues_platform.queues.appender.append_batches`.
 2. Load the newest snapshot and run the guards (as ``append_batches`` step 2).
 3. If a partition's next offset is no longer ``start`` (another writer appended since), raise
    :class:`OffsetsMovedError`: the offsets in the files are taken, so the caller rewrites.
@@ -31,6 +35,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, Transaction
@@ -135,6 +140,42 @@ def read_footer(queue: Queue, relative: str) -> FileFooter:
                       int(maxs.get(OFFSET, -1)), json.dumps(stats), nulls, schema)
 
 
+def check_offsets(queue: Queue, partition: str, footer: FileFooter, first: int) -> None:
+    """Raise :class:`NotCommittableError` unless the file's ``_offset`` column holds exactly
+    ``first, first+1, ..., first+rows-1`` (in any order, each once, no null).
+
+    Reads that one column (its column chunks, located by the footer), never the payload. Written
+    files are in offset order, so the check is one comparison with ``arange``; a file in another
+    order is sorted first (reads sort by offset, so such a file is still dense)."""
+    filesystem, path = filesystem_of(join_uri(queue.uri, footer.path), queue.lake.options)
+    with filesystem.open_input_file(path) as handle:
+        column = pq.ParquetFile(handle).read(columns=[OFFSET]).column(OFFSET)
+    due = np.arange(first, first + footer.rows, dtype=np.int64)
+    values = column.to_numpy() if column.null_count == 0 else None
+    dense = (values is not None and len(values) == footer.rows
+             and (np.array_equal(values, due) or np.array_equal(np.sort(values), due)))
+    if not dense:
+        seen = "nulls" if values is None else _describe(values, due)
+        raise NotCommittableError(
+            f"queue {queue.name!r} partition {partition!r}: written file {footer.path} claims "
+            f"offsets [{first}, {first + footer.rows - 1}] in {footer.rows} rows (its footer) but "
+            f"its {OFFSET} column holds {seen}; rewrite the rows", queue=queue.name,
+            partition=partition, path=footer.path, start=first, rows=footer.rows)
+
+
+def _describe(values: np.ndarray, due: np.ndarray) -> str:
+    """What is wrong with a file's offsets, for the error message."""
+    if len(values) != len(due):
+        return f"{len(values)} values"
+    ordered = np.sort(values)
+    wrong = int(np.flatnonzero(ordered != due)[0])
+    repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+    missing = np.setdiff1d(due, ordered)
+    parts = [f"{OFFSET} {int(repeated[0])} more than once"] if len(repeated) else []
+    parts += [f"no {OFFSET} {int(missing[0])}"] if len(missing) else []
+    return ", ".join(parts) or f"{int(ordered[wrong])} where {int(due[wrong])} was due"
+
+
 def verify_written(queue: Queue, partition: str, start: int, files: Sequence[FileFooter]) -> WrittenPart:
     """Step 1's density and type checks; returns the part to commit (rows may be 0)."""
     payload = queue.payload_schema
@@ -158,6 +199,7 @@ def verify_written(queue: Queue, partition: str, start: int, files: Sequence[Fil
                 raise NotCommittableError(
                     f"queue {queue.name!r}: written file {f.path} may hold nulls in required "
                     f"column {field.name!r}; rewrite the rows", queue=queue.name, column=field.name)
+        check_offsets(queue, partition, f, expected)
         expected += f.rows
     return WrittenPart(partition, start, expected - start, tuple(kept))
 

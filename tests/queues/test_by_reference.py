@@ -94,3 +94,33 @@ def test_a_partition_that_moved_is_not_committed_over_and_append_written_rewrite
     assert table[OFFSET].to_pylist() == [0, 1, 2, 3]
     assert table["id"].to_pylist() == [100, 0, 1, 2]
     assert [f.path for f in q.files()].count("_partition=0/s/a.parquet") == 0  # never referenced
+
+
+@pytest.mark.parametrize(("offsets", "named"), [([1, 1, 3], "_offset 1 more than once, no _offset 2"),
+                                                ([1, 3, 3], "_offset 3 more than once, no _offset 2")],
+                         ids=["s-s-s+2", "s-s+2-s+2"])
+def test_a_file_whose_footer_agrees_but_whose_offsets_repeat_is_refused(make_queue, offsets, named) -> None:
+    """Issue 22 item 9a: min, max and count of [s, s, s+2] agree with a dense file; the _offset
+    column itself is read and refused, nothing is committed."""
+    q = make_queue("out")
+    q.append(rows(100, 1), partition="0")  # s = 1
+    before = q.version()
+    footer = read_footer(q, write_file(q, "_partition=0/s/a.parquet", offsets))
+    assert (footer.min_offset, footer.max_offset, footer.rows) == (1, 3, 3)  # the footer is fooled
+    with pytest.raises(NotCommittableError) as info:
+        verify_written(q, "0", 1, [footer])
+    err = info.value
+    assert (err.queue, err.partition, err.path, err.start, err.rows) == ("out", "0", footer.path, 1, 3)
+    assert named in str(err) and "rewrite the rows" in str(err) and not err.retryable
+    assert q.version() == before and q.next_offset("0") == 1
+    assert [f.path for f in q.files()].count(footer.path) == 0
+
+
+def test_a_dense_file_in_another_order_is_accepted_and_reads_back_sorted(make_queue) -> None:
+    q = make_queue("out")
+    part = verify_written(q, "0", 0, footers(q, ("_partition=0/s/a.parquet", [2, 0, 1, 3])))
+    assert (part.start, part.rows) == (0, 4)
+    commit_files(q, {"0": part})
+    table = q.read_arrow(partition="0")
+    assert table[OFFSET].to_pylist() == [0, 1, 2, 3] and table["id"].to_pylist() == [0, 1, 2, 3]
+    assert verify_log(q) == []
