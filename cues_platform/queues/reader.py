@@ -20,9 +20,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from cues_platform.queues.errors import OffsetRangeError
 from cues_platform.queues.names import join_uri, validate_partition
-from cues_platform.queues.schema import OFFSET, PARTITION, TXN_ID
+from cues_platform.queues.schema import (
+    OFFSET,
+    PARTITION,
+    TXN_ID,
+    InvalidArgumentError,
+    InvalidRangeError,
+    argument_error,
+    check_choice,
+    check_int,
+)
 
 if TYPE_CHECKING:
     from cues_platform.queues.queue import FileInfo, Queue
@@ -57,17 +65,11 @@ def plan_read(
     start: int,
     end: int | None,
     isolation: Isolation | str = Isolation.READ_COMMITTED,
+    call: str = "Queue.read",
 ) -> ReadPlan:
     queue.check_partition(partition)
-    if start < 0 or (end is not None and end < start):
-        raise OffsetRangeError(
-            f"queue {queue.name!r} partition {partition!r}: invalid range [{start}, {end}); "
-            "offsets start at 0 and end must not be before start",
-            queue=queue.name,
-            partition=partition,
-            start=start,
-            end=end,
-        )
+    start, end, isolation = check_range(queue, partition=partition, start=start, end=end,
+                                        isolation=isolation, call=call)
     dt = queue.refresh()
     available = queue.next_offset(partition, snapshot=dt)
     stop = available if end is None else min(end, available)
@@ -89,6 +91,34 @@ def plan_read(
         files,
         hidden,
     )
+
+
+def check_range(
+    queue: Queue,
+    *,
+    partition: str,
+    start: Any,
+    end: Any,
+    isolation: Any = Isolation.READ_COMMITTED,
+    call: str = "Queue.read",
+) -> tuple[int, int | None, Isolation]:
+    """``start``, ``end`` and ``isolation`` of a read, checked: offsets are ints >= 0 (NumPy
+    integers too; a bool, a float or a string is refused, never truncated) and ``end`` is None or
+    not before ``start``. A bad one raises :class:`InvalidRangeError` (an
+    :class:`OffsetRangeError`) naming the argument."""
+    wanted = "an offset: an int >= 0"
+    first = check_int(start, call=call, argument="start", queue=queue.name, expected=wanted,
+                      error=InvalidRangeError)
+    last = None if end is None else check_int(
+        end, call=call, argument="end", queue=queue.name, expected=f"{wanted}, or None for all",
+        error=InvalidRangeError)
+    if last is not None and last < first:
+        raise argument_error(
+            call, "end", end, f"before start={first} (partition {partition!r}: invalid range "
+            f"[{first}, {last}))", "an end >= start (ranges are half-open, [start, end))",
+            queue=queue.name, error=InvalidRangeError, partition=partition, start=first, end=last)
+    level = check_choice(isolation, Isolation, call=call, argument="isolation", queue=queue.name)
+    return first, last, level
 
 
 def _stable_range(
@@ -159,7 +189,19 @@ def read_arrow(
 ) -> pa.Table:
     """Rows of ``partition`` with offsets in ``[start, end)`` (end clamped to what exists), in
     offset order, as one Arrow table. For reads that fit comfortably in driver memory."""
-    plan = plan_read(queue, partition=partition, start=start, end=end, isolation=isolation)
+    call = "Queue.read_arrow"
+    if columns is not None:
+        names = queue.table_schema.names
+        if (isinstance(columns, str) or not isinstance(columns, list | tuple)
+                or not all(isinstance(c, str) and c in names for c in columns)):
+            unknown = ([c for c in columns if not isinstance(c, str) or c not in names]
+                       if isinstance(columns, list | tuple) else columns)
+            raise argument_error(call, "columns", columns, f"not a list of the queue's columns "
+                                 f"(unknown: {unknown!r})", f"a list of column names out of {names}, "
+                                 "or None for all", queue=queue.name, error=InvalidArgumentError)
+        columns = list(columns)
+    plan = plan_read(queue, partition=partition, start=start, end=end, isolation=isolation,
+                     call=call)
     return execute_arrow(queue, plan, columns=columns)
 
 
@@ -208,5 +250,6 @@ def read_spark(
 ) -> Any:
     """The same rows as :func:`read_arrow`, as a Spark DataFrame that reads the Parquet files
     directly (unordered; sort by ``_offset`` if order matters)."""
-    plan = plan_read(queue, partition=partition, start=start, end=end, isolation=isolation)
+    plan = plan_read(queue, partition=partition, start=start, end=end, isolation=isolation,
+                     call="Queue.read_spark")
     return execute_spark(queue, spark, plan)

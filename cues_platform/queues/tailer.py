@@ -13,10 +13,18 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 
-from cues_platform.queues.errors import OffsetRangeError, PositionRangeError, ReadTimeoutError
+from cues_platform.queues.errors import PositionRangeError, ReadTimeoutError
 from cues_platform.queues.names import validate_name
 from cues_platform.queues.positions import PositionStore
 from cues_platform.queues.reader import Isolation, ReadPlan, execute_arrow, execute_spark, plan_read
+from cues_platform.queues.schema import (
+    InvalidRangeError,
+    argument_error,
+    check_choice,
+    check_int,
+    check_seconds,
+    is_integer,
+)
 
 if TYPE_CHECKING:
     from cues_platform.queues.queue import Queue
@@ -34,7 +42,8 @@ class Tailer:
         self.queue = queue
         self.name = validate_name(name, kind="tailer")
         self.partition = queue.check_partition(partition)
-        self.isolation = Isolation(isolation)
+        self.isolation = check_choice(isolation, Isolation, call="Queue.tailer",
+                                      argument="isolation", queue=queue.name)
         self._store = PositionStore(queue.lake)
         committed = self._store.get(queue=queue.name, tailer=self.name, partition=partition)
         self.position = committed or 0
@@ -59,13 +68,14 @@ class Tailer:
         message written until the partition catches up)."""
         pos = self.position if position is None else position
         end = self.queue.next_offset(self.partition)
-        if isinstance(pos, bool) or not isinstance(pos, int) or not 0 <= pos <= end:
+        if not is_integer(pos) or not 0 <= pos <= end:
             raise PositionRangeError(
                 f"tailer {self.name!r} on {self.queue.name}/{self.partition} cannot commit position "
                 f"{pos!r}: a position is an offset in [0, {end}] (0 = from the start, {end} = after "
                 "the last message); seek or read to a valid offset and commit again",
                 queue=self.queue.name, tailer=self.name, partition=self.partition,
                 position=pos, offset=pos, valid=(0, end))
+        pos = int(pos)  # a NumPy integer is an offset too
         self._store.commit(
             queue=self.queue.name, tailer=self.name, partition=self.partition, position=pos
         )
@@ -78,16 +88,14 @@ class Tailer:
             self.position = 0
         elif where == "end":
             self.position = end
-        elif isinstance(where, int) and not isinstance(where, bool) and 0 <= where <= end:
-            self.position = where
+        elif is_integer(where) and 0 <= where <= end:
+            self.position = int(where)
         else:
-            raise OffsetRangeError(
-                f"cannot seek tailer {self.name!r} on {self.queue.name}/{self.partition} to {where!r}: "
-                f"use 'start', 'end' or an offset in [0, {end}]",
-                queue=self.queue.name,
-                partition=self.partition,
-                offset=where,
-            )
+            raise argument_error(
+                f"Tailer.seek ({self.name!r} on {self.queue.name}/{self.partition})", "where", where,
+                "not a position", f"'start', 'end' or an offset in [0, {end}]",
+                queue=self.queue.name, error=InvalidRangeError, partition=self.partition,
+                offset=where)
         return self.position
 
     def last_offset(self) -> int | None:
@@ -97,15 +105,17 @@ class Tailer:
         return self.queue.next_offset(self.partition) - self.position
 
     # -- reads -------------------------------------------------------------------------------------
-    def plan(self, max_messages: int) -> ReadPlan:
-        if max_messages < 1:
-            raise OffsetRangeError("max_messages must be >= 1", queue=self.queue.name)
+    def plan(self, max_messages: int, *, call: str = "Tailer.read_arrow") -> ReadPlan:
+        count = check_int(max_messages, call=call, argument="max_messages", minimum=1,
+                          queue=self.queue.name, error=InvalidRangeError,
+                          expected="an int >= 1 (the most messages to read)")
         return plan_read(
             self.queue,
             partition=self.partition,
             start=self.position,
-            end=self.position + max_messages,
+            end=self.position + count,
             isolation=self.isolation,
+            call=call,
         )
 
     def read_arrow(self, max_messages: int = 1000) -> pa.Table:
@@ -117,7 +127,7 @@ class Tailer:
 
     def read_spark(self, spark: Any, max_messages: int = 100_000) -> Any:
         """Like :meth:`read_arrow` but as a Spark DataFrame read from the Parquet files."""
-        plan = self.plan(max_messages)
+        plan = self.plan(max_messages, call="Tailer.read_spark")
         frame = execute_spark(self.queue, spark, plan)
         self.position = plan.end
         return frame
@@ -130,10 +140,16 @@ class Tailer:
         Raises :class:`ReadTimeoutError` after ``timeout`` seconds; returns an empty table at once
         when another thread calls :meth:`unblock`.
         """
+        call = "Tailer.read_blocking"
+        self.plan(max_messages, call=call)  # checks max_messages before waiting
+        timeout = check_seconds(timeout, call=call, argument="timeout", optional=True,
+                                queue=self.queue.name)
+        poll_interval = check_seconds(poll_interval, call=call, argument="poll_interval",
+                                      positive=True, queue=self.queue.name)
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = min(0.005, poll_interval)
         while True:
-            plan = self.plan(max_messages)
+            plan = self.plan(max_messages, call=call)
             if not plan.empty:
                 table = execute_arrow(self.queue, plan)
                 self.position = plan.end
@@ -160,6 +176,9 @@ class Tailer:
 
     def read_backward(self, count: int) -> pa.Table:
         """The ``count`` messages before the position, newest first; the position does not move."""
+        count = check_int(count, call="Tailer.read_backward", argument="count",
+                          queue=self.queue.name, error=InvalidRangeError,
+                          expected="an int >= 0 (how many messages before the position)")
         start = max(0, self.position - count)
         plan = plan_read(
             self.queue,
@@ -167,6 +186,7 @@ class Tailer:
             start=start,
             end=self.position,
             isolation=self.isolation,
+            call="Tailer.read_backward",
         )
         table = execute_arrow(self.queue, plan)
         return (
