@@ -18,9 +18,37 @@ class GraphError(ProcessingError):
     """A graph is invalid: names the processor and the binding at fault."""
 
 
-class LaneMigrationError(GraphError):
-    """A processor now reads every partition, but its id has a history in the lake from its
-    previous bindings: its lanes, new processors, would deliver that input again."""
+class RedeployError(GraphError):
+    """A graph changed since the lake was last run in a way that cannot be continued exactly once
+    (``processing/deployments.py``): refused before any step. Data: ``processor``, ``change``
+    (what changed) and the values before/after; the message names the ways out."""
+
+
+class LaneMigrationError(RedeployError):
+    """A processor would read a queue partition for the first time that another processor of its
+    family (a lane of the same declared processor) read and no longer reads: positions belong to
+    their reader, so the new reader would deliver that input again (every-partition <-> named
+    partition, a partition moved between lanes). Data: ``pairs``, ``owners``."""
+
+
+class StrategyChangedError(RedeployError):
+    """A processor's delivery strategy changed after it made progress: the new strategy keeps its
+    positions elsewhere and would read from offset 0."""
+
+
+class HomeChangedError(RedeployError):
+    """An exactly_once processor's first output (its home queue, where its steps and positions
+    are) changed after it delivered a step."""
+
+
+class ProcessorRenamedError(RedeployError):
+    """A processor id new to the lake writes the same home queue from the same input as an id the
+    graph no longer has: most likely a rename, which would deliver that input again."""
+
+
+class StepInFlightError(RedeployError):
+    """A processor's step was recorded (its snapshot) under bindings the new graph no longer has:
+    the step must be finished by the graph that began it."""
 
 
 class GraphLoadError(ProcessingError):

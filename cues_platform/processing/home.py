@@ -6,7 +6,11 @@ and carries, atomically with the rows, these app transactions (Kafka's "offsets 
 output", Spark's ``txnAppId``/``txnVersion``):
 
 - ``proc:{p} = step``: the last delivered step (every output commit of ``p`` carries it);
-- ``pos:{p}:{binding} = end``: the input positions after that step, one per input binding;
+- ``pos:{p}:{queue}/{partition} = end``: the input positions after that step, one per input,
+  keyed by the queue and partition read (never by the binding's name: a redeployment that points
+  a binding at another partition must not carry a position there; ``processing/deployments.py``
+  decides what a changed graph may continue). Lakes written before this kept
+  ``pos:{p}:{binding}``; recovery migrates them once (:func:`migrate_legacy_positions`);
 - ``epoch:{p} = epoch``: the fencing epoch of the instance that committed.
 
 and the commit metadata ``cues.snapshot`` (the step's input ranges), ``cues.hash``,
@@ -49,7 +53,15 @@ def epoch_app_id(processor_id: str) -> str:
     return f"epoch:{processor_id}"
 
 
-def pos_app_id(processor_id: str, binding: str) -> str:
+def pos_app_id(processor_id: str, queue: str, partition: str) -> str:
+    """The app id of ``processor_id``'s position on ``queue``/``partition`` (queue names hold no
+    '/' or ':', so no two (queue, partition) pairs share an id, and no legacy id is one)."""
+    return f"pos:{processor_id}:{queue}/{partition}"
+
+
+def legacy_pos_app_id(processor_id: str, binding: str) -> str:
+    """The position id of lakes written before positions were keyed by queue and partition
+    (binding names are Python identifiers: never a '/')."""
     return f"pos:{processor_id}:{binding}"
 
 
@@ -67,12 +79,17 @@ def _version(queue: Queue, dt: DeltaTable, app_id: str) -> int | None:
 @dataclass(frozen=True)
 class HomeState:
     """What the home queue says of a processor: its last delivered step (-1: none), the epoch
-    that committed last, and the input positions after that step (None when the step was
-    committed by an older version that did not store them)."""
+    that committed last, and its input positions by binding: the stored position of the queue
+    and partition each binding reads now, None for one it never read."""
 
     step: int
     epoch: int
-    positions: dict[str, int] | None
+    positions: dict[str, int | None]
+
+    @property
+    def keyed(self) -> bool:
+        """Whether any position is stored under the (queue, partition) keys."""
+        return any(v is not None for v in self.positions.values())
 
 
 def read_home(queue: Queue, processor: Processor, dt: DeltaTable | None = None) -> HomeState:
@@ -80,14 +97,61 @@ def read_home(queue: Queue, processor: Processor, dt: DeltaTable | None = None) 
     pid = processor.id
     step = _version(queue, dt, proc_app_id(pid))
     epoch = _version(queue, dt, epoch_app_id(pid))
-    positions: dict[str, int] | None = {}
-    for binding in processor.inputs:
-        v = _version(queue, dt, pos_app_id(pid, binding))
-        if v is None:
-            positions = None
-            break
-        positions[binding] = v  # type: ignore[index]
+    positions = {b: _version(queue, dt, pos_app_id(pid, src.queue, src.partition))
+                 for b, src in processor.inputs.items()}
     return HomeState(-1 if step is None else step, -1 if epoch is None else epoch, positions)
+
+
+def position_of(queue: Queue, processor_id: str, source: str, partition: str) -> int | None:
+    """``processor_id``'s stored position on ``source``/``partition`` in its home ``queue``."""
+    return _version(queue, queue.refresh(), pos_app_id(processor_id, source, partition))
+
+
+def migrate_legacy_positions(queue: Queue, processor_id: str, *, epoch: int,
+                             read: Mapping[str, tuple[str, str]]) -> dict[tuple[str, str], int]:
+    """Copy a lake's binding-keyed positions (``pos:{p}:{binding}``, written before positions
+    were keyed by queue and partition) to the (queue, partition) keys, in one empty commit of
+    this epoch; ``read`` maps each binding to the queue and partition its last step read (from
+    that step's recorded snapshot). Idempotent: a key already present is kept. Returns the
+    positions now stored for those pairs."""
+    app = epoch_app_id(processor_id)
+    for _ in range(FENCE_ATTEMPTS):
+        dt = queue.refresh()
+        if _version(queue, dt, app) != epoch:
+            raise ProcessorFencedError(
+                f"processor {processor_id!r}: epoch {epoch} was fenced while migrating its "
+                f"positions in home queue {queue.name!r}", processor=processor_id, epoch=epoch)
+        have: dict[tuple[str, str], int] = {}
+        txns = []
+        for binding, (source, part) in sorted(read.items()):
+            now = _version(queue, dt, pos_app_id(processor_id, source, part))
+            old = _version(queue, dt, legacy_pos_app_id(processor_id, binding))
+            if now is not None:
+                have[(source, part)] = now
+            elif old is not None:
+                have[(source, part)] = old
+                txns.append((pos_app_id(processor_id, source, part), old))
+        if not txns:
+            return have
+        try:
+            with queue._lock:
+                key = queue.cache.key(dt)
+                write_deltalake(dt, queue.table_schema.empty_table(), mode="append",
+                                commit_properties=CommitProperties(
+                                    app_transactions=[Transaction(a, v) for a, v in
+                                                      [*txns, (app, epoch)]],
+                                    custom_metadata={"cues.queue": queue.name,
+                                                     "cues.processor": processor_id,
+                                                     "cues.epoch": str(epoch),
+                                                     "cues.migrated": "positions"}),
+                                post_commithook_properties=COMMIT_HOOKS)
+                queue.cache.committed(dt, before=key, txns=[*txns, (app, epoch)])
+            return have
+        except CommitFailedError:
+            continue
+    raise ProcessorFencedError(f"processor {processor_id!r}: could not migrate its positions in "
+                               f"home queue {queue.name!r}; another instance keeps starting",
+                               processor=processor_id, epoch=epoch)
 
 
 def fence_home(queue: Queue, processor_id: str, epoch: int) -> int | None:
@@ -151,7 +215,7 @@ def commit_step(queue: Queue, snapshot: Snapshot, tables: Mapping[str, Any], *, 
     pid, step = snapshot.processor, snapshot.step
     guard = home_guard(queue, pid, epoch=epoch, step=step)
     txns = [(proc_app_id(pid), step), (epoch_app_id(pid), epoch)]
-    txns += [(pos_app_id(pid, b), r.end) for b, r in sorted(snapshot.inputs.items())]
+    txns += sorted({(pos_app_id(pid, r.queue, r.partition), r.end) for r in snapshot.inputs.values()})
     metadata = {"cues.processor": pid, "cues.step": str(step), "cues.epoch": str(epoch),
                 "cues.outcome": outcome.value, STEP_RECORD_KEY: "commit" if is_record else "backing"}
     if is_record:

@@ -24,10 +24,11 @@ Contract of :func:`expand`:
 5. A processor without every-partition bindings is one lane of itself, its ``SAME_PARTITION``
    outputs writing partition ``"0"`` (what ``Out(queue)`` always meant).
 
-6. A processor whose lanes do not include its own id (no partition ``"0"``) but whose id has a
-   backing queue in the lake (it ran under other bindings, e.g. an alts over named partitions)
-   is refused by :func:`refuse_unadopted_history` before any step: its lanes would start at
-   offset 0 and deliver again what it delivered.
+6. Positions belong to the lane that read them (``pos:{lane}:{queue}/{partition}``): a lane that
+   would read a queue partition another processor of its family read and no longer reads (every
+   partition <-> a named partition, in either direction) is refused before any step by
+   :mod:`cues_platform.processing.deployments` (:class:`LaneMigrationError`): it would start at
+   offset 0 and deliver that input again.
 
 Partitions added to a queue later (:meth:`Queue.add_partitions`) get their lanes when the graph is
 re-expanded over the lake's partitions (:meth:`Graph.with_lake_partitions`), which the runner does
@@ -40,11 +41,10 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from cues_platform.processing.errors import GraphError, LaneMigrationError
+from cues_platform.processing.errors import GraphError
 
 if TYPE_CHECKING:
-    from cues_platform.processing.graph import Graph, Processor, QueueDef
-    from cues_platform.queues import Lake
+    from cues_platform.processing.graph import Processor, QueueDef
 
 ALL_PARTITIONS = "*"  # In(queue): every partition of the queue (not a legal partition name)
 SAME_PARTITION = "="  # Out(queue): the lane's partition ("0" outside lanes)
@@ -117,33 +117,3 @@ def expand(p: Processor, queues: Mapping[str, QueueDef]) -> list[Processor]:
         lanes.append(replace(p, id=lane_id(p.id, part), inputs=inputs, outputs=outputs,
                              family=p.id, lane=part))
     return lanes
-
-
-def refuse_unadopted_history(graph: Graph, lake: Lake) -> None:
-    """Step 6: raise :class:`LaneMigrationError` when a lane would read a queue partition that
-    the processor's own id already read under its previous bindings (its history in the lake),
-    so that lane, a new processor starting at offset 0, would deliver those rows again."""
-    from cues_platform.audit.discovery import backing_folders
-    from cues_platform.processing.history import processor_history
-
-    folders = set(backing_folders(lake))
-    for family, lanes in graph.families.items():
-        if lanes == [family] or family not in folders:
-            continue
-        history = processor_history(lake, family)
-        if not history:
-            continue
-        read = {(r.queue, r.partition) for r in history[-1].snapshot.inputs.values()}
-        others = {(i.queue, i.partition): lane for lane in lanes if lane != family
-                  for i in graph.processors[lane].inputs.values()}
-        clash = sorted(read & set(others))
-        if not clash:
-            continue
-        path = lake.system_uri("backing", family)
-        where = ", ".join(f"{q}/{p} (lane {others[(q, p)]})" for q, p in clash)
-        raise LaneMigrationError(
-            f"processor {family!r} now reads every partition, but under its previous bindings it "
-            f"already read {where}: those lanes are new processors that start at offset 0 and "
-            "would deliver that input again. Run the graph on a fresh lake (or one it drained), "
-            f"or keep the old bindings under the processor's id; to re-deliver on purpose, "
-            f"remove its history ({path})", processor=family, lanes=list(lanes), path=path)

@@ -57,6 +57,9 @@ class PhasedStep:
         from cues_platform.processing.runner import create_queues
 
         create_queues(graph, lake)  # as GraphRunner does: a new lake needs no set-up
+        from cues_platform.processing.deployments import check_and_record
+
+        check_and_record(graph, lake, only=[processor.id])  # a changed graph: continued or refused
         stepper = make_stepper(graph=graph, processor=processor, lake=lake, spark=spark,
                                resources=resources, hook=hook)
         return cls(stepper, None)

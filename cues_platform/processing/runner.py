@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
+from cues_platform.processing.deployments import check_and_record
 from cues_platform.processing.errors import ProcessorFencedError
 from cues_platform.processing.events import EventSink, step_fields
 from cues_platform.processing.graph import Graph, Kind
@@ -22,7 +23,6 @@ from cues_platform.processing.lanes import (
     ALL_PARTITIONS,
     LANE_REFRESH_SECONDS,
     SAME_PARTITION,
-    refuse_unadopted_history,
 )
 from cues_platform.processing.sources import SourceStepper, is_source_like
 from cues_platform.processing.step import Hook, StepBase, StepResult
@@ -66,7 +66,9 @@ class GraphRunner:
         # what the runner does, event by event (processing/events.py); None: nothing emitted
         self.events: EventSink = events or (lambda _event, _fields: None)
         create_queues(graph, lake)
-        refuse_unadopted_history(graph, lake)
+        # a changed graph is continued exactly once or refused here, before any step
+        check_and_record(graph, lake, only=None if only is None else [
+            pid for pid, p in graph.processors.items() if pid in only or p.family in only])
         if spark is None:
             from cues_platform.spark import get_spark
 

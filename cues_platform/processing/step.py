@@ -24,7 +24,7 @@ none. Persistence, on every step (``ExactlyOnceStepper.step``):
 4. One commit, when every prepared row goes to the home queue (map, join, alts, a fork whose
    other outputs are empty this step; a nil step): commit the rows (or none) to the home queue
    with the delivery hash in their rows, the app transactions ``proc:{p} = step``,
-   ``pos:{p}:{binding} = end`` and ``epoch:{p}``, and the snapshot in the commit metadata. That
+   ``pos:{p}:{queue}/{partition} = end`` and ``epoch:{p}``, and the snapshot in the commit metadata. That
    commit IS the step: before it nothing is recorded, after it the step is delivered.
    Otherwise (outputs and errors in several queues, a fork, a sink): stage the prepared tables
    as files and append ONE attempt record to the backing queue, the snapshot folded into it (a
@@ -74,7 +74,8 @@ queue, which the new instance then sees. Recovery is idempotent: a crash inside 
 from by the next start.
 
 Off by one: ``step`` numbers from 0; ``proc:{processor}`` holds the last *delivered* step, so a
-queue has step n iff its version >= n. ``pos:{p}:{binding}`` holds the next offset to read.
+queue has step n iff its version >= n. ``pos:{p}:{queue}/{partition}`` holds the next offset to
+read in that queue partition (keyed by what was read, never by the binding's name).
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ from cues_platform.processing.errors import (
     PlatformStepError,
     ProcessorFencedError,
     RecoveryError,
+    StepInFlightError,
     UnhandledStepError,
 )
 from cues_platform.processing.executor_output import executor_output, write_by_executors
@@ -108,10 +110,12 @@ from cues_platform.processing.failures import Origin, Phase, origin_of, qualifie
 from cues_platform.processing.graph import Graph, Kind, Processor, SnapshotAt
 from cues_platform.processing.home import (
     FENCE_ATTEMPTS,
+    HomeState,
     commit_step,
     fence_home,
     home_guard,
     home_of,
+    migrate_legacy_positions,
     read_home,
     trim_home_log,
 )
@@ -352,9 +356,23 @@ class StepBase:
         """Step 3 keeps the conformed outputs in memory: ``({queue: {partition: table}}, counts)``."""
         return conformed(self.queues, tables)
 
+    @staticmethod
+    def _by_pair(snapshot: Snapshot, attr: str) -> dict[tuple[str, str], int]:
+        return {(r.queue, r.partition): getattr(r, attr) for r in snapshot.inputs.values()}
+
+    def starts_of(self, snapshot: Snapshot) -> dict[str, int]:
+        """The positions a recorded ``snapshot`` starts at, by this processor's bindings (matched
+        by queue and partition: a recorded binding name says nothing after a redeploy)."""
+        starts = self._by_pair(snapshot, "start")
+        return {b: starts.get((s.queue, s.partition), self.positions.get(b, 0))
+                for b, s in self.processor.inputs.items()}
+
     def advance(self, snapshot: Snapshot) -> None:
-        for binding, r in snapshot.inputs.items():
-            self.positions[binding] = r.end
+        """Step 6: positions to the snapshot's ends, matched by queue and partition."""
+        ends = self._by_pair(snapshot, "end")
+        for binding, src in self.processor.inputs.items():
+            if (src.queue, src.partition) in ends:
+                self.positions[binding] = ends[(src.queue, src.partition)]
         self.next_step = snapshot.step + 1
 
 
@@ -391,9 +409,10 @@ class ExactlyOnceStepper(StepBase):
         done = home.step if home is not None else -1
         if last is not None and last.step > done:
             if last.type is RecordType.SNAPSHOT:
+                self._refuse_changed_snapshot(last.snapshot)
                 self.pending = last.snapshot  # retry the same ranges (and the same alts binding)
                 self.next_step = last.step
-                self.positions = {b: r.start for b, r in last.snapshot.inputs.items()}
+                self.positions = self.starts_of(last.snapshot)
                 return None
             result = self.deliver(last, recovered=True)  # an attempt the home does not close yet
             self.advance(last.snapshot)
@@ -405,18 +424,52 @@ class ExactlyOnceStepper(StepBase):
                 and last.type is not RecordType.DIGEST)
         if same:
             remove_staging(self.lake, last.snapshot)  # delivered: only staged files may remain
-        positions = home.positions if home is not None else None
-        if positions is None:  # a step committed by a version that kept positions in the backing
-            if not same:
-                raise RecoveryError(
-                    f"processor {self.processor.id!r}: home queue {self.home!r} has step {done} but "
-                    "neither its input positions nor a backing record of that step; the lake was "
-                    "changed outside the protocol (run `cues audit`)",
-                    processor=self.processor.id, step=done, queue=self.home)
-            positions = {b: r.end for b, r in last.snapshot.inputs.items()}  # type: ignore[union-attr]
-        self.positions = {b: positions.get(b, 0) for b in self.processor.inputs}
+        self.positions = self._stored_positions(home, last if same else None)  # type: ignore[arg-type]
         self.next_step = done + 1
         return None
+
+    def _stored_positions(self, home: HomeState, last: Record | None) -> dict[str, int]:
+        """The positions after the home's last step, by binding, from the (queue, partition) keys;
+        a lake written before those keys is migrated once: its binding-keyed positions are copied
+        to the keys of the queue partitions its last step read (from that step's recorded
+        snapshot), or, where the home stored none (an older protocol), taken from that snapshot's
+        ends. A binding whose queue partition this processor never read starts at 0
+        (``processing/deployments.py`` refused the changes where that would re-deliver)."""
+        if home.keyed:
+            return {b: v or 0 for b, v in home.positions.items()}
+        snapshot = last.snapshot if last is not None else self._last_step_snapshot(home.step)
+        if snapshot is None:
+            raise RecoveryError(
+                f"processor {self.processor.id!r}: home queue {self.home!r} has step {home.step} but "
+                "neither its input positions nor a record of that step; the lake was changed "
+                "outside the protocol (run `cues audit`)",
+                processor=self.processor.id, step=home.step, queue=self.home)
+        read = {b: (r.queue, r.partition) for b, r in snapshot.inputs.items()}
+        stored = migrate_legacy_positions(self.queues[self.home], self.processor.id,  # type: ignore[index]
+                                          epoch=self.epoch, read=read)
+        ends = {(r.queue, r.partition): r.end for r in snapshot.inputs.values()}
+        return {b: stored.get((src.queue, src.partition), ends.get((src.queue, src.partition), 0))
+                for b, src in self.processor.inputs.items()}
+
+    def _last_step_snapshot(self, step: int) -> Snapshot | None:
+        """The recorded snapshot of delivered step ``step`` (O(history): only when migrating)."""
+        from cues_platform.processing.history import processor_history
+
+        found = [r.snapshot for r in processor_history(self.lake, self.processor.id)
+                 if r.is_attempt and r.step == step]
+        return found[-1] if found else None
+
+    def _refuse_changed_snapshot(self, snapshot: Snapshot) -> None:
+        recorded = {(b, r.queue, r.partition) for b, r in snapshot.inputs.items()}
+        now = {(b, s.queue, s.partition) for b, s in self.processor.inputs.items()}
+        if recorded != now:
+            raise StepInFlightError(
+                f"processor {self.processor.id!r} recorded step {snapshot.step} (delivery hash "
+                f"{snapshot.delivery_hash}) before its function ran, reading "
+                f"{sorted(recorded)}; it now reads {sorted(now)}: the step must be finished with "
+                "the bindings it began with. Ways out: run the previous graph until idle, then "
+                "deploy this one", processor=self.processor.id, change="step_in_flight",
+                step=snapshot.step, delivery_hash=snapshot.delivery_hash)
 
     def deliver(self, attempt: Record, *, recovered: bool = False) -> StepResult:
         """Step 5 for every output queue of the attempt, the home last (idempotent: the

@@ -41,7 +41,13 @@ from cues_platform.queues.positions import PositionStore
 
 STEPS_KEY = "_steps"  # position-store key of a processor's next step number (not a queue name)
 PLANNED_KEY = "_planned"  # key of (the step number + 1) whose plan is saved (at_least_once)
-PLAN_END_KEY = "_plan_end"  # key (partition = input binding) of the saved plan's end per input
+PLAN_END_KEY = "_plan_end"  # key (partition = "{queue}/{partition}" read) of the saved plan's end
+
+
+def plan_end_key(queue: str, partition: str) -> str:
+    """The position-store partition of a saved plan's end on ``queue``/``partition`` (keyed by what
+    is read, not by the binding's name, which a redeploy may point elsewhere)."""
+    return f"{queue}/{partition}"
 
 
 class PositionStepper(StepBase):
@@ -66,7 +72,10 @@ class PositionStepper(StepBase):
             # A run of this step planned it and did not finish: re-run exactly that plan.
             ranges = {}
             for binding, src in self.processor.inputs.items():
-                end = self.store.get(queue=PLAN_END_KEY, tailer=pid, partition=binding)
+                end = self.store.get(queue=PLAN_END_KEY, tailer=pid,
+                                     partition=plan_end_key(src.queue, src.partition))
+                if end is None:  # a plan saved before plans were keyed by what they read
+                    end = self.store.get(queue=PLAN_END_KEY, tailer=pid, partition=binding)
                 start = self.positions[binding]
                 ranges[binding] = Range(src.queue, src.partition, start, start if end is None else end)
             alts = None
@@ -87,7 +96,8 @@ class PositionStepper(StepBase):
         pid = self.processor.id
         self.store.commit_many(
             [(PLANNED_KEY, pid, "0", snapshot.step + 1)]
-            + [(PLAN_END_KEY, pid, binding, r.end) for binding, r in snapshot.inputs.items()]
+            + [(PLAN_END_KEY, pid, plan_end_key(r.queue, r.partition), r.end)
+               for r in snapshot.inputs.values()]
         )
 
     def begin(self) -> Snapshot | None:

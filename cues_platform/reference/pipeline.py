@@ -184,7 +184,7 @@ def fixing(k: int, *, seed: int = 11) -> pa.Table:
 
 def convert_position(lake: Any) -> tuple[int, int]:
     """Where ``convert`` has read up to in (parsed, fx_rates): the input positions its home queue
-    ``priced`` stores with its last step (``pos:convert:{binding}``), or, when its last step went
+    ``priced`` stores with its last step (``pos:convert:{queue}/{partition}``), or, when its last step went
     through an attempt record (error rows, a lake of the previous protocol) that the home has not
     closed yet, that attempt's ends (recovery rolls it forward, so it counts as read)."""
     from deltalake import DeltaTable
@@ -198,8 +198,8 @@ def convert_position(lake: Any) -> tuple[int, int]:
     if lake.has_queue("priced"):
         dt = lake.queue("priced").refresh()
         version = dt.transaction_version(proc_app_id("convert"))
-        postings = dt.transaction_version(pos_app_id("convert", "postings"))
-        rates = dt.transaction_version(pos_app_id("convert", "rates"))
+        postings = dt.transaction_version(pos_app_id("convert", "parsed", "0"))
+        rates = dt.transaction_version(pos_app_id("convert", "fx_rates", "0"))
         if version is not None:
             done = int(version)
         if postings is not None and rates is not None:

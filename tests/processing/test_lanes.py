@@ -194,10 +194,11 @@ def test_a_processor_that_read_named_partitions_is_not_silently_restarted_as_lan
     GraphRunner(graph=old, lake=lake, spark=spark).run_until_idle()
     before = lake.queue("all").count()
     new = graph(Processor("enrich", Kind.MAP, fn, {"o": In("orders")}, {"out": Out("all", "0")}))
-    with pytest.raises(LaneMigrationError, match=r"already read orders/eu \(lane enrich.eu\), orders/us "
-                                                 r"\(lane enrich.us\).*fresh lake") as info:
+    with pytest.raises(LaneMigrationError, match=r"'enrich.eu' would read orders/eu \(read by enrich up "
+                                                 r"to offset 3\).*fresh lake.*cues processor forget enrich") as info:
         GraphRunner(graph=new, lake=lake, spark=spark)
-    assert info.value.processor == "enrich" and lake.queue("all").count() == before == 3
+    assert info.value.processor == "enrich.eu" and info.value.owners == ["enrich"]
+    assert lake.queue("all").count() == before == 3
 
 
 @pytest.mark.parametrize("workers", [1, 3])
