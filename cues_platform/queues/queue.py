@@ -147,13 +147,17 @@ class Queue:
 
     def _refresh(self) -> DeltaTable:  # under self._lock
         state = "remote" if self._log_dir is None else self._log_state()
+        if state == "changed":
+            state = self._entry_changed()
+            if state == "damaged":  # appends refuse it (ensure_appendable checks it again)
+                return self._dt
         if state in ("newer", "remote"):
             self._dt.update_incremental()
             self._note_entry()
         if state == "remote" and self._dt.metadata().id != self._table_id:
             state = "replaced"  # the new table's commits were replayed over the old one's state
         if state in ("gone", "replaced") or self._dt.version() - self._opened_at >= REOPEN_EVERY:
-            # Trimmed past this handle or a new table at the path ("gone", "replaced"), or:
+            # Trimmed past this handle, its entry rewritten, or a new table at the path, or:
             # delta-rs snapshots updated commit by commit get slower with every commit (measured:
             # 17 ms appends at 100 commits, 104 ms at 1,000); a fresh handle starts from the
             # newest checkpoint instead.
@@ -173,8 +177,8 @@ class Queue:
         version), "newer" (newer commits exist), "gone" (its own entry is gone: the log was
         trimmed past it, or the table was deleted, so it must be opened again from the newest
         checkpoint; updating it entry by entry would find nothing and keep it stale) or
-        "replaced" (its version's entry is another file than the one it loaded: the table was
-        deleted and created again, and its entries are another table's)."""
+        "changed" (its version's entry is another file than the one it loaded: the table was
+        deleted and created again, or the entry was rewritten)."""
         log_dir, version = self._log_dir or Path(), self._dt.version()
         try:
             stat = os.stat(log_dir / f"{version:020d}.json")
@@ -182,11 +186,25 @@ class Queue:
             return "gone"
         identity = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
         if self._entry is not None and self._entry[0] == version and self._entry[1] != identity:
-            return "replaced"
+            return "changed"
         if self._entry is None or self._entry[0] != version:
             # moved by a commit made on this handle's snapshot since the last refresh
             self._entry = (version, identity)
         return "newer" if (log_dir / f"{version + 1:020d}.json").exists() else "current"
+
+    def _entry_changed(self) -> str:  # under self._lock
+        """The commit entry of the handle's version is another file than the one it loaded.
+        Either the table was replaced ("replaced" once reopened: the table id differs), or that
+        entry was rewritten in place (damage, or a restore from a backup): "damaged" when the
+        entry itself is unreadable or inconsistent, else the table is opened again. Either way the
+        entry is checked again before the next append (``ensure_appendable``)."""
+        version = self._dt.version()
+        self._note_entry()
+        if self._verified is not None:
+            self._verified = min(self._verified, version - 1)
+        if check_commits(self.name, self._storage, [version], files=False):
+            return "damaged"
+        return "replaced"
 
     def _note_entry(self) -> None:  # under self._lock (or in __init__)
         """Remember the identity of the commit entry of the snapshot's version (local lakes)."""

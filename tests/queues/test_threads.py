@@ -49,7 +49,7 @@ def run_threads(targets: list, timeout: float = 300) -> None:
         barrier.wait()
         try:
             target()
-        except BaseException as exc:  # re-raised in the test's thread below
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread below
             errors.append(exc)
 
     threads = [threading.Thread(target=wrap, args=(t,)) for t in targets]
