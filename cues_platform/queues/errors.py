@@ -136,3 +136,28 @@ class StorageUnreachableError(QueueError):
 
     retryable = True
 
+
+
+class StorageFullError(QueueError):
+    """The lake's storage has no room (a full disk, a quota, a file size limit): ENOSPC, EDQUOT,
+    EFBIG. Carries ``table``, ``uri``, ``during`` and ``reason`` (the innermost cause). Retryable
+    once space is freed; a commit that failed may still have landed (the message says how to
+    find out for that path)."""
+
+    retryable = True
+
+
+class StorageNotWritableError(QueueError):
+    """The lake's storage refuses the write: a read-only file system (EROFS) or a permission
+    (EACCES, EPERM; S3's AccessDenied). Not retryable until the mount or the permissions are
+    fixed. Carries ``table``, ``uri``, ``during`` and ``reason``."""
+
+
+class CommitOutcomeUnknownError(QueueError):
+    """A commit's request failed in a way that does not say whether it landed (a lost
+    acknowledgement: the store took it, the answer was lost). Retryable only in the way the
+    message names for that path (a producer's resend, a transactional ``commit()`` again, a look
+    at the partition's end offset before a plain append is sent again), never by resending a
+    plain append blindly. Carries ``table``, ``uri``, ``during`` and ``reason``."""
+
+    retryable = True

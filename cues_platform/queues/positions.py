@@ -162,7 +162,7 @@ class PositionStore:
             schema=SCHEMA,
         )
         with self.table.lock, translated(table=f"system table {self.table.name!r}", uri=self.table.uri,
-                                         during="commit"):
+                                         during="position"):
             write_deltalake(
                 self.table.snapshot(),
                 rows,

@@ -51,6 +51,7 @@ from cues_platform.queues.errors import (
     ProducerFencedError,
     TransactionStateError,
 )
+from cues_platform.queues.faults import translated
 from cues_platform.queues.idempotence import SequenceState
 from cues_platform.queues.lake import Lake
 from cues_platform.queues.maintenance import COMMIT_HOOKS
@@ -108,7 +109,13 @@ class Coordinator:
         app_transactions: Sequence[tuple[str, int]],
         guard: Callable[[DeltaTable], None],
         queues: Sequence[str] = (),
+        during: str = "commit",
+        after_commit: Callable[[], None] | None = None,
     ) -> None:
+        """Append one coordinator row with ``app_transactions``, ``guard`` checked on the
+        snapshot the commit is built on. A storage fault is one typed error (``faults.py``)
+        whose advice is that of ``during``; ``after_commit`` runs right after the commit, inside
+        the same translation (an exception there is a lost acknowledgement: crash tests)."""
         row = pa.table(
             {
                 "txn_id": [txn_id],
@@ -123,7 +130,9 @@ class Coordinator:
         delay = 0.002
         for _ in range(200):
             try:
-                with self.system.lock:  # the guard and the commit see the same snapshot
+                with self.system.lock, translated(table="the transaction coordinator",
+                                                  uri=self.system.uri, during=during):
+                    # the guard and the commit see the same snapshot
                     dt = self.snapshot()
                     guard(dt)
                     write_deltalake(
@@ -136,6 +145,8 @@ class Coordinator:
                         ),
                         post_commithook_properties=COMMIT_HOOKS,
                     )
+                    if after_commit is not None:
+                        after_commit()
                 return
             except CommitFailedError:
                 time.sleep(delay * (0.5 + random.random()))
@@ -179,6 +190,11 @@ def write_marker(queue: Queue, txn_id: str, status: TxnStatus) -> None:
     dt = queue.refresh()
     if dt.transaction_version(txn_app_id(txn_id)) == int(status):
         return
+    with translated(table=f"queue {queue.name!r}", uri=queue.uri, during="roll-forward"):
+        _write_marker(dt, queue, txn_id, status)
+
+
+def _write_marker(dt: DeltaTable, queue: Queue, txn_id: str, status: TxnStatus) -> None:
     write_deltalake(
         dt,
         queue.table_schema.empty_table(),
@@ -307,6 +323,13 @@ class TransactionalProducer:
         self._finish(TxnStatus.ABORTED)
 
     def _finish(self, status: TxnStatus) -> None:
+        """Decide ``status`` for the open transaction and roll it forward.
+
+        Idempotent after a failure: a decision whose acknowledgement was lost (the coordinator
+        took it, the answer never came) is found in the coordinator, never made twice, and its
+        roll-forward is completed; asking for the other decision then raises
+        :class:`TransactionStateError` saying what was decided, after rolling *that* decision
+        forward, and the producer is ready for ``begin()``."""
         if self.txn_id is None:
             raise TransactionStateError("no open transaction to commit or abort")
         txn, queues = self.txn_id, sorted(self._touched)
@@ -320,37 +343,61 @@ class TransactionalProducer:
                 txn_id=txn,
                 pending=unresolved,
             )
-        self._decide(txn, status, queues=queues)
-        for name in unresolved:
-            self._senders[name].reset()
-        self._hook("decided")
-        self._roll_forward(txn, status, queues)
+        decided = self._decide(txn, status, queues=queues, after_commit=lambda: self._hook("decided"))
+        if decided is status:
+            for name in unresolved:
+                self._senders[name].reset()
+        self._roll_forward(txn, decided, queues)  # this instance's queues, whichever call decided
         self._hook("rolled_forward")
         self.txn_id, self._touched = None, {}
+        if decided is not status:
+            raise TransactionStateError(
+                f"transaction {txn} is already {decided.name.lower()} (an earlier "
+                f"{'commit' if decided is TxnStatus.COMMITTED else 'abort'}() landed though it "
+                f"reported a failure) and cannot be {status.name.lower()}; its outcome is rolled "
+                "forward onto its queues and the producer is ready for begin()",
+                txn_id=txn, status=decided.name.lower())
 
-    def _decide(self, txn: str, status: TxnStatus, *, queues: Sequence[str]) -> None:
+    def _decide(
+        self, txn: str, status: TxnStatus, *, queues: Sequence[str],
+        after_commit: Callable[[], None] | None = None,
+    ) -> TxnStatus:
+        """Record ``status`` for ``txn`` once; return the decision the coordinator holds: ours,
+        or one that landed earlier (a lost acknowledgement of this producer's own decision: only
+        this instance's epoch decides its transactions, a newer instance fences it first)."""
+        landed: list[TxnStatus] = []
+
         def guard(dt: DeltaTable) -> None:
             self._check_epoch(dt)
             current = self.coordinator.status(txn, dt)
             if current is not TxnStatus.OPEN:
-                raise TransactionStateError(
-                    f"transaction {txn} is already {current.name.lower()}", txn_id=txn
-                )
+                landed.append(current)
+                raise _AlreadyDecided
 
-        self.coordinator.record(
-            txn_id=txn,
-            transactional_id=self.transactional_id,
-            epoch=self.epoch or 0,
-            action=status.name.lower(),
-            queues=queues,
-            app_transactions=[(self._tid, self.epoch or 0), (txn_app_id(txn), int(status))],
-            guard=guard,
-        )
+        try:
+            self.coordinator.record(
+                txn_id=txn,
+                transactional_id=self.transactional_id,
+                epoch=self.epoch or 0,
+                action=status.name.lower(),
+                queues=queues,
+                app_transactions=[(self._tid, self.epoch or 0), (txn_app_id(txn), int(status))],
+                guard=guard,
+                during="decide",
+                after_commit=after_commit,
+            )
+        except _AlreadyDecided:
+            return landed[-1]
+        return status
 
     def _roll_forward(self, txn: str, status: TxnStatus, queues: Sequence[str]) -> None:
         for name in queues:
             queue = self._touched.get(name) or self.lake.queue(name)
             write_marker(queue, txn, status)
+
+
+class _AlreadyDecided(Exception):  # noqa: N818 - internal signal of _decide's guard, never raised out
+    """The coordinator already holds a decision for the transaction (see ``_decide``)."""
 
 
 def new_transactional_id() -> str:

@@ -147,3 +147,83 @@ def test_coordinator_commits_keep_a_bounded_log_and_old_decisions(make_queue, la
     assert len(opened) >= 3  # reopened as it went
     assert Coordinator(lake).status(txns[0]) is TxnStatus.COMMITTED  # kept through the trimming
     assert q.tailer("t", partition="0").read_arrow(1000)["id"].to_pylist() == list(range(len(txns)))
+
+
+# -- a lost acknowledgement of the decision ------------------------------------------------------------
+def _losing_ack_once(step: str, error: str):
+    """A hook that fails once, right after ``step`` landed: the store took the commit and its
+    answer was lost (delta-rs raises object_store's ``OSError`` in that case)."""
+    fired: list[str] = []
+
+    def hook(at: str) -> None:
+        if at == step and not fired:
+            fired.append(at)
+            raise OSError(error)
+
+    return hook, fired
+
+
+LOST_ACK = "Generic S3 error: Error after 10 retries in 2.1s, max_retries:10, retry_timeout:180s"
+
+
+@pytest.mark.parametrize("then", ["commit", "abort"])
+def test_after_a_lost_ack_of_the_commit_decision_commit_is_idempotent_and_abort_truthful(
+    lake, two_queues, then
+) -> None:
+    from cues_platform.queues.errors import CommitOutcomeUnknownError
+    from cues_platform.queues.transactions import Coordinator, TxnStatus
+
+    debits, credits = two_queues
+    hook, fired = _losing_ack_once("decided", LOST_ACK)
+    producer = TransactionalProducer(lake, transactional_id="acks", hook=hook)
+    producer.init_transactions()
+    txn = producer.begin()
+    producer.send(debits, rows(0, 2), partition="0")
+    producer.send(credits, rows(10, 1), partition="0")
+    with pytest.raises(CommitOutcomeUnknownError) as info:
+        producer.commit()
+    assert fired == ["decided"]
+    message = str(info.value)
+    assert "\n" not in message and "Generic S3 error" in message and info.value.during == "decide"
+    assert "call commit() (or abort()) again on the same producer" in message
+    assert "never decides twice" in message and info.value.retryable
+    assert Coordinator(lake).status(txn) is TxnStatus.COMMITTED  # it landed
+    if then == "commit":
+        producer.commit()  # finds the landed decision, rolls it forward, decides nothing again
+    else:
+        with pytest.raises(TransactionStateError) as told:
+            producer.abort()
+        assert f"transaction {txn} is already committed" in str(told.value)
+        assert "ready for begin()" in str(told.value)
+    assert _visible(lake, "debits", "read_committed") == [0, 1]
+    assert _visible(lake, "credits", "read_committed") == [10]
+    for q in (debits, credits):  # rolled forward: each queue carries the marker
+        assert q.refresh().transaction_version(f"txn:{txn}") == int(TxnStatus.COMMITTED)
+    decisions = Coordinator(lake).snapshot().to_pyarrow_dataset().to_table().to_pylist()
+    assert sorted(d["action"] for d in decisions if d["txn_id"] == txn) == ["begin", "committed"]
+    producer.begin()  # the producer goes on
+    producer.send(debits, rows(20, 1), partition="0")
+    producer.commit()
+    assert _visible(lake, "debits", "read_committed") == [0, 1, 20]
+
+
+def test_after_a_lost_ack_of_an_abort_abort_again_finishes_it_and_begin_works(lake, two_queues) -> None:
+    from cues_platform.queues.errors import StorageUnreachableError
+
+    debits, _ = two_queues
+    hook, _ = _losing_ack_once(
+        "decided", "Generic S3 error:\n  ↳ error sending request\n  ↳ connection closed before message completed")
+    producer = TransactionalProducer(lake, transactional_id="aborts", hook=hook)
+    producer.init_transactions()
+    producer.begin()
+    producer.send(debits, rows(0, 1), partition="0")
+    with pytest.raises(StorageUnreachableError) as info:
+        producer.abort()
+    assert "\n" not in str(info.value) and "call commit() (or abort()) again" in str(info.value)
+    with pytest.raises(TransactionStateError) as told:
+        producer.commit()  # the abort landed: commit says so, truthfully
+    assert "is already aborted" in str(told.value)
+    producer.begin()
+    producer.send(debits, rows(1, 1), partition="0")
+    producer.commit()
+    assert _visible(lake, "debits", "read_committed") == [1]
