@@ -138,14 +138,19 @@ def test_each_partition_is_processed_exactly_once_by_its_own_lane(spark, lake):
 
 
 def test_a_partition_added_later_gets_its_lane(spark, lake):
-    runner = GraphRunner(graph=shop(), lake=lake, spark=spark)
+    events: list[tuple[str, dict]] = []
+    runner = GraphRunner(graph=shop(), lake=lake, spark=spark,
+                         events=lambda event, fields: events.append((event, fields)))
     orders = lake.queue("orders")
     orders.append(rows(0, 3), partition="eu")
     runner.run_until_idle()
+    assert not [e for e, _ in events if e.startswith("lane_")]
     orders.add_partitions(["asia"])
     orders.append(rows(500, 5), partition="asia")
     runner.run_until_idle()
     assert "enrich.asia" in runner.steppers
+    assert [f for e, f in events if e == "lane_added"] == [
+        {"processor": "enrich.asia", "family": "enrich", "partition": "asia"}]
     assert lake.queue("enriched").partitions == (*PARTS, "asia")  # the output gained it too
     assert ids(lake, "enriched", "asia") == [1000, 1002, 1004, 1006, 1008]
     # a new runner (a restart) over the declared graph finds the lane again and delivers nothing twice
@@ -158,7 +163,7 @@ def test_a_partition_added_later_gets_its_lane(spark, lake):
 def test_a_lake_written_before_lanes_is_continued_by_every_partition(spark, tmp_path):
     """Migration: tests/fixtures/pre_lanes_lake.tar.gz was written by the code before lanes
     (commit a0ffb93; tests/fixtures/make_pre_lanes_lake.py): ``enrich`` read partition "0"
-    explicitly, 3 steps. Reading every partition now, its lane of partition "0" is the same
+    explicitly, 3 steps, its positions keyed by binding name (``pos:enrich:o``). Reading every partition now, its lane of partition "0" is the same
     processor (same id, backing queue and positions): it goes on at step 3 and delivers nothing
     twice; partition "eu" gets a new lane that starts at offset 0."""
     with tarfile.open(FIXTURES / "pre_lanes_lake.tar.gz") as tar:
@@ -173,9 +178,15 @@ def test_a_lake_written_before_lanes_is_continued_by_every_partition(spark, tmp_
                               options=Options(batch_size=4))],
         error_queue="errors")
     lake.queue("orders").append(rows(10, 2), partition="0")
+    home = lake.queue("enriched")
+    assert home.refresh().transaction_version("pos:enrich:o") == 10  # keyed by binding, then
+    assert home.refresh().transaction_version("pos:enrich:orders/0") is None
     runner = GraphRunner(graph=graph, lake=lake, spark=spark)
     runner.run_until_idle()
     assert ids(lake, "enriched", "0") == [2 * k for k in range(12)]
+    # recovery migrated the binding-keyed position once, to the partition its last step read
+    migrated = [e for e in home.refresh().history() if e.get("cues.migrated") == "positions"]
+    assert len(migrated) == 1 and home.refresh().transaction_version("pos:enrich:orders/0") == 12
     assert ids(lake, "enriched", "eu") == [2 * k for k in range(100, 105)]
     assert [r.step for r in processor_history(lake, "enrich")] == [0, 1, 2, 3]
     assert [r.step for r in processor_history(lake, "enrich.eu")] == [0, 1]
@@ -219,3 +230,62 @@ def test_lanes_writing_one_partition_at_the_same_time_keep_offsets_dense(spark, 
     hashes = {r.hash for pid in g.processors for r in processor_history(lake, pid)}
     assert len(hashes) == 15 and set(out["_delivery_hash"].to_pylist()) == hashes
     assert audit(lake, graph=g).ok
+
+
+def union(ctx, left, right):
+    return left.unionByName(right)
+
+
+def test_a_partition_added_to_one_side_of_a_join_waits_for_the_other_in_a_running_runner(spark, lake):
+    """Issue 22 item 5: a partition added to one input of a join of two every-partition inputs
+    made the running runner die of GraphError (not co-partitioned) in its periodic lane refresh.
+    Now ``run()`` (its periodic refresh every 0 s, the events driving the test: no sleeping)
+    keeps stepping the existing lanes, says once that left/asia waits for right, and adds the
+    lane once right has asia too."""
+    sides = ("0", "eu")
+    g = graph(Processor("j", Kind.JOIN, union, {"left": In("left"), "right": In("right")},
+                        {"out": Out("joined")}, options=Options(batch_size=100)),
+              queues=[QueueDef("left", PAYLOAD, sides), QueueDef("right", PAYLOAD, sides),
+                      QueueDef("joined", PAYLOAD, sides), QueueDef("errors", ERROR_SCHEMA)])
+    events: list[tuple[str, dict]] = []
+    stage = {"now": "start"}
+
+    def driver(event: str, fields: dict) -> None:
+        events.append((event, fields))
+        if event == "idle" and stage["now"] == "start":  # the first rows are processed
+            stage["now"] = "left added"
+            lake.queue("left").add_partitions(["asia"])
+            lake.queue("left").append(rows(500, 2), partition="asia")
+        elif event == "lane_waiting":
+            stage["now"] = "waiting"
+            lake.queue("left").append(rows(10, 1), partition="0")  # work for an existing lane
+        elif event == "step" and fields["processor"] == "j" and stage["now"] == "waiting":
+            stage["now"] = "right added"  # the runner kept stepping while asia waited
+            lake.queue("right").add_partitions(["asia"])
+            lake.queue("right").append(rows(600, 3), partition="asia")
+        elif event == "step" and fields["processor"] == "j.asia":
+            stage["now"] = "done"
+            runner.stop_event.set()
+
+    runner = GraphRunner(graph=g, lake=lake, spark=spark, events=driver, lane_refresh=0.0)
+    lake.queue("left").append(rows(0, 2), partition="0")
+    lake.queue("right").append(rows(100, 2), partition="0")
+    runner.run(show_progress=False, idle_exit=120)  # the bound if a stage never comes
+
+    assert stage["now"] == "done", [e for e, _ in events]
+    names = [e for e, _ in events]
+    waiting = [f for e, f in events if e == "lane_waiting"]
+    assert waiting == [{"family": "j", "queue": "left", "partition": "asia", "waits_for": ["right"],
+                        "message": waiting[0]["message"]}]  # once, though refreshed every pass
+    assert ("partition 'asia' of queue 'left' waits for its co-partition in queue 'right'"
+            in waiting[0]["message"])
+    assert [f for e, f in events if e == "lane_added"] == [
+        {"processor": "j.asia", "family": "j", "partition": "asia"}]
+    assert "lane_refused" not in names and "failed" not in names
+    i_wait, i_added = names.index("lane_waiting"), names.index("lane_added")
+    assert any(e == "step" and f["processor"] == "j" for e, f in events[i_wait:i_added])
+    assert sorted(ids(lake, "joined", "asia")) == [500, 501, 600, 601, 602]
+    assert sorted(ids(lake, "joined", "0")) == [0, 1, 10, 100, 101]
+    assert lake.queue("joined").partitions == (*sides, "asia")
+    report = audit(lake, graph=runner.graph)
+    assert report.ok, report.to_text()
