@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cues_platform.processing.deployments import check_and_record
-from cues_platform.processing.errors import ProcessorFencedError
+from cues_platform.processing.errors import GraphError, ProcessorFencedError
 from cues_platform.processing.events import EventSink, step_fields
-from cues_platform.processing.graph import Graph, Kind
+from cues_platform.processing.graph import Graph, Kind, Processor
 from cues_platform.processing.lanes import (
     ALL_PARTITIONS,
     LANE_REFRESH_SECONDS,
@@ -61,7 +61,8 @@ class GraphRunner:
     def __init__(self, *, graph: Graph, lake: Lake, spark: Any = None,
                  resources: Mapping[str, Any] | None = None, hook: Hook | None = None,
                  only: list[str] | None = None, keep_results: bool = True,
-                 events: EventSink | None = None) -> None:
+                 events: EventSink | None = None,
+                 lane_refresh: float = LANE_REFRESH_SECONDS) -> None:
         self.graph, self.lake, self.keep_results = graph, lake, keep_results
         # what the runner does, event by event (processing/events.py); None: nothing emitted
         self.events: EventSink = events or (lambda _event, _fields: None)
@@ -78,6 +79,9 @@ class GraphRunner:
         self.stats: dict[str, ProcessorStats] = {}
         self._needs_recovery: set[str] = set()
         self._lanes_checked = 0.0
+        self.lane_refresh = lane_refresh  # seconds between two refresh_lanes of run()
+        self._lanes_waiting: set[tuple[str, str, str]] = set()  # (family, queue, partition) announced
+        self._lanes_refused: set[str] = set()  # lane_refused reasons announced
         self._add_steppers(graph)
         self.stop_event = threading.Event()
         self._recovered = False
@@ -103,29 +107,28 @@ class GraphRunner:
     def refresh_lanes(self, *, every: float = 0.0) -> list[str]:
         """Lanes for partitions added to the queues of every-partition bindings since the graph
         was built (``Queue.add_partitions``; processing/lanes.py); at most once per ``every``
-        seconds. Returns the ids of the lanes added."""
+        seconds. Returns the ids of the lanes added.
+
+        A partition added to one input of a processor that reads several queues partition by
+        partition (a join of ``a`` and ``b`` binds partition p of each) is held back until every
+        such input has it: the runner keeps stepping its lanes and emits ``lane_waiting`` once
+        (the partition, its queue, the queues it waits for), then ``lane_added`` when the last one
+        gains it. While held back, the partition gets no lane of any processor (the graph's
+        partitions are per queue). A graph the lake's partitions cannot be expanded into for
+        another reason keeps the lanes it has and emits ``lane_refused`` once per reason."""
         now = time.monotonic()
         if now - self._lanes_checked < every:
             return []
         self._lanes_checked = now
-        partitions: dict[str, tuple[str, ...]] = {}
-        for p in self.graph.declared:
-            read_whole = [i.queue for i in p.inputs.values() if i.partition == ALL_PARTITIONS]
-            if not read_whole:
-                continue
-            for q in read_whole:
-                partitions.setdefault(q, self.lake.queue(q).partitions)
-            # an output written partition by partition gains the new partitions of the input, as
-            # Out(queue) promises ("the lane's partition"); existing partitions are never touched
-            for o in p.outputs.values():
-                if o.partition == SAME_PARTITION and o.partition_column is None:
-                    out = self.lake.queue(o.queue)
-                    missing = list(dict.fromkeys(x for q in read_whole for x in partitions[q]
-                                                 if x not in out.partitions))
-                    if missing:
-                        out.add_partitions(missing)
-                    partitions[o.queue] = out.partitions
-        graph = self.graph.with_lake_partitions(partitions)
+        partitions = self._ready_partitions()
+        try:
+            graph = self.graph.with_lake_partitions(partitions)
+        except GraphError as exc:
+            reason = str(exc).splitlines()[0]
+            if reason not in self._lanes_refused:
+                self._lanes_refused.add(reason)
+                self.events("lane_refused", {"error": reason[:500]})
+            return []
         if graph is self.graph:
             return []
         create_queues(graph, self.lake)
@@ -136,6 +139,61 @@ class GraphRunner:
             self.events("lane_added", {"processor": pid, "family": graph.processors[pid].family,
                                        "partition": graph.processors[pid].lane})
         return added
+
+    def _ready_partitions(self) -> dict[str, tuple[str, ...]]:
+        """``{queue: partitions}`` for :meth:`Graph.with_lake_partitions`: the lake's partitions
+        of the queues read by every-partition bindings, less those held back because another
+        co-partitioned input of the same processor lacks them (to a fixpoint: holding one back
+        can hold it back elsewhere), and the outputs written partition by partition, which gain
+        the ready partitions of their inputs (as ``Out(queue)`` promises: "the lane's
+        partition"; existing partitions are never touched)."""
+        bindings: list[tuple[Processor, list[str]]] = []
+        lake_parts: dict[str, tuple[str, ...]] = {}
+        for p in self.graph.declared:
+            read_whole = list(dict.fromkeys(i.queue for i in p.inputs.values()
+                                            if i.partition == ALL_PARTITIONS))
+            if read_whole:
+                bindings.append((p, read_whole))
+                for q in read_whole:
+                    if q not in lake_parts:
+                        lake_parts[q] = self.lake.queue(q).partitions
+        ready = {q: list(parts) for q, parts in lake_parts.items()}
+        waits: dict[tuple[str, str, str], list[str]] = {}
+        changed = True
+        while changed:
+            changed = False
+            for p, read_whole in bindings:
+                for q in read_whole:
+                    known = self.graph.queues[q].partitions if q in self.graph.queues else ()
+                    for part in list(ready[q]):
+                        lacking = [r for r in read_whole if part not in ready[r]]
+                        if part in known or not lacking:
+                            continue
+                        ready[q].remove(part)
+                        waits[(p.id, q, part)] = lacking
+                        changed = True
+        for (family, q, part), lacking in waits.items():
+            if (family, q, part) not in self._lanes_waiting:
+                self._lanes_waiting.add((family, q, part))
+                self.events("lane_waiting", {
+                    "family": family, "queue": q, "partition": part, "waits_for": lacking,
+                    "message": f"partition {part!r} of queue {q!r} waits for its co-partition in "
+                               f"queue {', '.join(map(repr, lacking))} (processor {family!r} reads "
+                               "them partition by partition); its lanes start once "
+                               f"{'they have' if len(lacking) > 1 else 'it has'} partition {part!r} "
+                               "(Queue.add_partitions)"})
+        partitions: dict[str, tuple[str, ...]] = {q: tuple(parts) for q, parts in ready.items()}
+        for p, read_whole in bindings:
+            for o in p.outputs.values():
+                if o.partition == SAME_PARTITION and o.partition_column is None:
+                    out = self.lake.queue(o.queue)
+                    missing = list(dict.fromkeys(x for q in read_whole for x in ready[q]
+                                                 if x not in out.partitions))
+                    if missing:
+                        out.add_partitions(missing)
+                    held = {part for (_, q, part) in waits if q == o.queue}
+                    partitions[o.queue] = tuple(x for x in out.partitions if x not in held)
+        return partitions
 
     def recover(self, pids: list[str] | None = None) -> None:
         for pid in pids or list(self.steppers):
@@ -240,7 +298,7 @@ class GraphRunner:
             live = _live(self) if show_progress else None
             with live or _nullcontext():
                 while not self.stop_event.is_set():
-                    for pid in self.refresh_lanes(every=LANE_REFRESH_SECONDS):
+                    for pid in self.refresh_lanes(every=self.lane_refresh):
                         delays[pid], due[pid] = 0.01, 0.0
                     now = time.monotonic()
                     ready = [pid for pid in self.steppers if due[pid] <= now]

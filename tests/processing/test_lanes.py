@@ -259,6 +259,7 @@ def test_a_partition_added_to_one_side_of_a_join_waits_for_the_other_in_a_runnin
         elif event == "lane_waiting":
             stage["now"] = "waiting"
             lake.queue("left").append(rows(10, 1), partition="0")  # work for an existing lane
+            lake.queue("right").append(rows(110, 1), partition="0")  # (a join waits for both)
         elif event == "step" and fields["processor"] == "j" and stage["now"] == "waiting":
             stage["now"] = "right added"  # the runner kept stepping while asia waited
             lake.queue("right").add_partitions(["asia"])
@@ -285,7 +286,7 @@ def test_a_partition_added_to_one_side_of_a_join_waits_for_the_other_in_a_runnin
     i_wait, i_added = names.index("lane_waiting"), names.index("lane_added")
     assert any(e == "step" and f["processor"] == "j" for e, f in events[i_wait:i_added])
     assert sorted(ids(lake, "joined", "asia")) == [500, 501, 600, 601, 602]
-    assert sorted(ids(lake, "joined", "0")) == [0, 1, 10, 100, 101]
+    assert sorted(ids(lake, "joined", "0")) == [0, 1, 10, 100, 101, 110]
     assert lake.queue("joined").partitions == (*sides, "asia")
     report = audit(lake, graph=runner.graph)
     assert report.ok, report.to_text()
