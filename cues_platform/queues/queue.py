@@ -93,6 +93,7 @@ class Queue:
         self.name = validate_name(name) if uri is None else validate_processor_id(name)
         self.uri = uri or lake.queue_uri(name)
         self._lock = threading.RLock()
+        self._pinned = False  # True while the lock's owner is inside writing()
         self._dt = lake.open_table(self.uri, what=f"queue {name!r}")
         self._opened_at = self._dt.version()
         self._table_id = self._dt.metadata().id
@@ -137,6 +138,8 @@ class Queue:
         A log delta-rs cannot load (a truncated commit entry) raises :class:`LogIntegrityError`
         naming the damaged file."""
         with self._lock:
+            if self._pinned:  # inside writing(): the snapshot a commit is being built on stays
+                return self._dt
             try:
                 with translated(table=f"queue {self.name!r}", uri=self.uri, during="refresh"):
                     return self._refresh()
@@ -234,14 +237,18 @@ class Queue:
         Build a commit inside the block from what is read from the snapshot inside the block
         (offsets, app-transaction versions, guards), and commit on the snapshot inside it too
         (``write_deltalake(dt, ...)``, ``dt.create_write_transaction``, ``dt.alter``): then no
-        other thread of this handle moves the snapshot in between, and delta-rs' conflict check
-        covers every commit since what was read. Sleep (back off) outside the block. Guards run
-        inside the block must not take another handle's lock."""
+        other thread of this handle moves the snapshot in between (and :meth:`refresh` inside the
+        block returns it unmoved), and delta-rs' conflict check covers every commit since what
+        was read. Sleep (back off) outside the block. Guards run inside the block must not take
+        another handle's lock."""
         with self._lock:
+            pinned = self._pinned
             dt = self.refresh()
+            self._pinned = True  # refresh() inside the block returns dt unmoved
             try:
                 yield dt
             finally:
+                self._pinned = pinned
                 if dt is self._dt and (self._entry is None or self._entry[0] != dt.version()):
                     self._note_entry()
 
@@ -331,11 +338,12 @@ class Queue:
                         raise_if_not_exists=False,
                         commit_properties=CommitProperties(max_commit_retries=METADATA_REBASE_RETRIES),
                     )
-                    self.refresh()
-                    return
             except CommitFailedError:  # another metadata change won: read it and merge again
                 time.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, 0.25)
+                continue
+            self.refresh()  # the partitions just declared (and any declared since)
+            return
         raise ConcurrentAppendError(
             f"queue {self.name!r}: could not add partitions {new}: other writers kept changing the "
             f"queue's metadata ({ADD_PARTITIONS_ATTEMPTS} attempts); retry later",
