@@ -19,6 +19,7 @@ from cues_platform.audit.discovery import backing_folders, backing_uri, check_la
 from cues_platform.audit.errors import AuditError
 from cues_platform.audit.failures import platform_error_checks
 from cues_platform.audit.once import count_checks, delivered_steps, transaction_checks
+from cues_platform.audit.positions import position_checks, stored_positions
 from cues_platform.audit.report import (
     MALFORMED_RECORD,
     MISSING_QUEUE,
@@ -31,6 +32,7 @@ from cues_platform.audit.report import (
 from cues_platform.audit.rows import QueueRows, read_queue_rows
 from cues_platform.audit.sequence import Steps, alts_violations, arrange
 from cues_platform.audit.storage import STORAGE_ERRORS, check_table, unreadable_violation
+from cues_platform.audit.trust import rows_without_input, staged_file_checks
 from cues_platform.processing.backing import Record
 from cues_platform.processing.graph import Graph, Strategy
 from cues_platform.processing.history import BadCommit, commit_records, merge
@@ -117,6 +119,8 @@ def audit(lake: Lake, *, graph: Graph | None = None) -> AuditReport:
             known.setdefault(rec.hash, Known(pid, rec))
             eo_queues.update(record_rows(rec))
             violations += alts_violations(pid, rec.snapshot)
+        # Step 4: every staged file an attempt names is in its step's staging folder.
+        violations += staged_file_checks(lake, pid, arranged.attempts.values())
         if arranged.pending_snapshot is not None:
             snapshot_only[arranged.pending_snapshot.hash] = arranged.pending_snapshot
             violations += alts_violations(pid, arranged.pending_snapshot.snapshot)
@@ -187,12 +191,22 @@ def audit(lake: Lake, *, graph: Graph | None = None) -> AuditReport:
     violations += count_checks(rows, known)
     violations += transaction_checks(rows, known, late)
 
-    # Step 1: input coverage of delivered steps.
+    # Step 3: no step that read nothing produced rows.
+    for pid, arranged in steps.items():
+        violations += rows_without_input(pid, arranged.attempts.values(), rows)
+
+    # Step 1: input coverage of delivered steps, and positions across lanes and redeployments.
     summaries: dict[str, ProcessorSummary] = {}
     for pid, arranged in steps.items():
         cover_violations, lags = coverage(pid, delivered[pid], ends)
         violations += cover_violations
         summaries[pid] = _summary(backings[pid], arranged, delivered[pid], pendings[pid], lags)
+    try:
+        stored = stored_positions(delivered, queues, backings)
+    except STORAGE_ERRORS as exc:  # a queue that opened but whose log cannot be read now
+        violations.append(unreadable_violation(exc, table="positions", uri=lake.root))
+        stored = {}
+    violations += position_checks(delivered, stored)
 
     # Step 6: error rows written by platform failures, in every error queue.
     for name, q in sorted(queues.items()):

@@ -1,20 +1,14 @@
-"""Step 1 of the audit: input coverage. Every offset of every input partition, from 0 to the end
-of the processor's last delivered step, is read by exactly one delivered step ([gap],
-[overlap]); no step reads offsets the input does not have ([beyond_end])."""
+"""Step 1 of the audit: input coverage. No step reads offsets the input does not have
+([beyond_end]) or an inverted range; what each binding delivered and what is left (the lag).
+That every offset is read once and in order, across the lanes of a family and redeployments,
+is :mod:`.positions` ([gap], [overlap], [position])."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
 
-from cues_platform.audit.report import (
-    BEYOND_END,
-    GAP,
-    MALFORMED_RECORD,
-    OVERLAP,
-    InputLag,
-    Violation,
-)
+from cues_platform.audit.report import BEYOND_END, MALFORMED_RECORD, InputLag, Violation
 from cues_platform.audit.sequence import Steps
 from cues_platform.processing.backing import Range, Record
 from cues_platform.queues import Queue
@@ -51,7 +45,7 @@ def coverage(
     lags = []
     for (binding, queue, part), ranges in sorted(by_binding.items()):
         available = input_ends.get((queue, part))
-        cursor, cursor_step = 0, None
+        cursor = 0
         for r, step in sorted(ranges, key=lambda x: (x[0].start, x[0].end, x[1])):
             if r.size < 0:
                 bad.append(Violation(
@@ -69,25 +63,7 @@ def coverage(
                     processor=pid, queue=queue, partition=part,
                     offsets=(max(r.start, available), r.end), step=step,
                 ))  # fmt: skip
-            if r.start > cursor:
-                after = "the start" if cursor_step is None else f"step {cursor_step}"
-                bad.append(Violation(
-                    GAP,
-                    f"offsets [{cursor}, {r.start}) of {queue}/{part} were never delivered by "
-                    f"{pid!r} (binding {binding!r}): {after} ends at {cursor}, step {step} "
-                    f"starts at {r.start}",
-                    processor=pid, queue=queue, partition=part, offsets=(cursor, r.start), step=step,
-                ))  # fmt: skip
-            elif r.start < cursor:
-                bad.append(Violation(
-                    OVERLAP,
-                    f"offsets [{r.start}, {min(cursor, r.end)}) of {queue}/{part} were delivered "
-                    f"twice by {pid!r} (binding {binding!r}): by step {cursor_step} and by step {step}",
-                    processor=pid, queue=queue, partition=part,
-                    offsets=(r.start, min(cursor, r.end)), step=step,
-                ))  # fmt: skip
-            if r.end >= cursor:
-                cursor, cursor_step = r.end, step
+            cursor = max(cursor, r.end)
         lags.append(
             InputLag(binding, queue, part, cursor, available if available is not None else cursor)
         )

@@ -15,6 +15,7 @@ CORRUPT_LOG = "corrupt_log"  # step 5
 GAP = "gap"  # step 1
 OVERLAP = "overlap"
 BEYOND_END = "beyond_end"
+POSITION = "position"  # step 1: a stored position that its history does not explain
 UNKNOWN_HASH = "unknown_hash"  # step 2
 UNEXPECTED_OUTPUT = "unexpected_output"
 NO_DELIVERY_HASH = "no_delivery_hash"
@@ -27,12 +28,14 @@ STEP_SEQUENCE = "step_sequence"  # step 4
 MALFORMED_RECORD = "malformed_record"
 ALTS_NOT_EMPTY = "alts_not_empty"
 MISSING_QUEUE = "missing_queue"
+OUTSIDE_LAKE = "outside_lake"  # step 4/5: a record or a commit names a file outside its place
+ROWS_WITHOUT_INPUT = "rows_without_input"  # step 3: a step that read nothing produced rows
 PLATFORM_ERROR = "platform_error"  # step 6
 KINDS = (
-    UNREADABLE, CORRUPT_LOG, GAP, OVERLAP, BEYOND_END, UNKNOWN_HASH, UNEXPECTED_OUTPUT,
-    NO_DELIVERY_HASH, DELIVERED_TWICE, ROW_COUNT_MISMATCH, NOT_CONTIGUOUS, UNDELIVERED,
-    APP_TRANSACTION, STEP_SEQUENCE, MALFORMED_RECORD, ALTS_NOT_EMPTY, MISSING_QUEUE,
-    PLATFORM_ERROR,
+    UNREADABLE, CORRUPT_LOG, OUTSIDE_LAKE, GAP, OVERLAP, BEYOND_END, POSITION, UNKNOWN_HASH,
+    UNEXPECTED_OUTPUT, NO_DELIVERY_HASH, DELIVERED_TWICE, ROW_COUNT_MISMATCH, ROWS_WITHOUT_INPUT,
+    NOT_CONTIGUOUS, UNDELIVERED, APP_TRANSACTION, STEP_SEQUENCE, MALFORMED_RECORD, ALTS_NOT_EMPTY,
+    MISSING_QUEUE, PLATFORM_ERROR,
 )  # fmt: skip
 
 

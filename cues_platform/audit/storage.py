@@ -22,8 +22,9 @@ from deltalake.exceptions import DeltaError
 from pyarrow import fs
 
 from cues_platform.audit.errors import UnreadableTableError, UnwritableTableError
-from cues_platform.audit.report import CORRUPT_LOG, UNREADABLE, Violation
+from cues_platform.audit.report import CORRUPT_LOG, OUTSIDE_LAKE, UNREADABLE, Violation
 from cues_platform.queues import Lake, Queue
+from cues_platform.queues.confine import PathOutsideLakeError, confine, is_inside
 from cues_platform.queues.errors import (
     LogIntegrityError,
     MissingLogError,
@@ -153,6 +154,9 @@ def check_table(
             for i in find_inconsistencies(table, dt, queue.partitions)
             if i.kind in ("rows", "offsets")  # damaged commits and lost files: 5a and 5c name them
         ]
+        # Step 5d: every data file the log names is inside the table's folder (a forged add
+        # action naming /tmp/evil.parquet, an absolute path, a '..', a symlink out of the lake).
+        problems += [bad(OUTSIDE_LAKE, m, file=f) for m, f in _files_outside(table, uri, dt)]
         # Step 5c: every data file the log names is there, with the size the log says.
         missing = _missing_files(table, uri, dt, lake.options)
         if missing:  # a maintenance commit may have replaced them since: ask the newest snapshot
@@ -215,17 +219,43 @@ def _commit_problems(table: str, uri: str, dt: DeltaTable | None,
     return problems
 
 
-def _missing_files(table: str, uri: str, dt: DeltaTable,
-                   options: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+def _add_uris(uri: str, dt: DeltaTable) -> list[tuple[str, str, int | None]]:
+    """``(path as logged, full URI, size)`` of every data file the snapshot's log names."""
     adds = dt.get_add_actions(flatten=True)
     if adds.num_rows == 0:
         return []
-    filesystem, base = _filesystem(uri, options)
-    paths = [
-        unquote(p) if p.startswith("/") or "://" in p else f"{base.rstrip('/')}/{unquote(p)}"
-        for p in adds["path"].to_pylist()
-    ]
-    sizes = adds["size_bytes"].to_pylist()
+    out = []
+    for p, size in zip(adds["path"].to_pylist(), adds["size_bytes"].to_pylist(), strict=True):
+        text = unquote(p)
+        full = text if text.startswith("/") or "://" in text else join_uri(uri, text)
+        out.append((p, full, size))
+    return out
+
+
+def _files_outside(table: str, uri: str, dt: DeltaTable) -> list[tuple[str, str]]:
+    problems = []
+    for logged, full, _ in _add_uris(uri, dt):
+        try:
+            confine(root=uri, path=full)
+        except PathOutsideLakeError as exc:
+            problems.append((
+                f"the log of {table} at version {dt.version()} names data file {logged!r}, which "
+                f"is not inside the table's folder ({exc.reason}): its rows are not the "
+                "queue's; the commit is damaged or forged: remove it from a copy of the log "
+                "(restore the table from a backup) before any processor reads the queue",
+                full,
+            ))  # fmt: skip
+    return problems
+
+
+def _missing_files(table: str, uri: str, dt: DeltaTable,
+                   options: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+    found = [(full, size) for _, full, size in _add_uris(uri, dt) if is_inside(root=uri, path=full)]
+    if not found:
+        return []  # (files outside the table are step 5d's, and are never touched)
+    filesystem, _ = _filesystem(uri, options)
+    paths = [_filesystem(full, options)[1] for full, _ in found]
+    sizes = [size for _, size in found]
     problems = []
     for info, size in zip(filesystem.get_file_info(paths), sizes, strict=True):
         if info.type == fs.FileType.NotFound:
