@@ -135,7 +135,7 @@ def to_table(data: Any, *, queue: str, payload: pa.Schema | None = None) -> pa.T
         if rows and not all(isinstance(r, Mapping) for r in rows):
             bad = next(r for r in rows if not isinstance(r, Mapping))
             raise SchemaError(
-                f"queue {queue!r}: data is a list holding a {type(bad).__name__} ({bad!r:.60}); "
+                f"queue {queue!r}: data is a list holding {_kind(bad)} ({bad!r:.60}); "
                 "rows must be mappings of column to value (or pass a dict of columns)",
                 queue=queue, argument="data",
             )
@@ -148,7 +148,7 @@ def to_table(data: Any, *, queue: str, payload: pa.Schema | None = None) -> pa.T
             columns = {name: [r.get(name) for r in rows] for name in names}
             raise _conversion_error(columns, queue=queue, payload=payload, exc=exc) from exc
     raise SchemaError(
-        f"queue {queue!r}: cannot append data={data!r:.60} (a {type(data).__name__}); pass a "
+        f"queue {queue!r}: cannot append data={data!r:.60} ({_kind(data)}); pass a "
         "pyarrow Table, a pandas DataFrame, a dict of columns or a list of row dicts",
         queue=queue, argument="data",
     )
@@ -160,11 +160,11 @@ def _from_columns(data: Mapping[Any, Any], *, queue: str, payload: pa.Schema | N
     for name, values in data.items():
         if not isinstance(name, str):
             raise SchemaError(
-                f"queue {queue!r}: column name {name!r} is a {type(name).__name__}; column names "
+                f"queue {queue!r}: column name {name!r} is {_kind(name)}; column names "
                 "are strings", queue=queue, column=name)
         if isinstance(values, str | bytes | Mapping) or not hasattr(values, "__len__"):
             raise SchemaError(
-                f"queue {queue!r}: column {name!r} is {values!r:.60} (a {type(values).__name__}), "
+                f"queue {queue!r}: column {name!r} is {values!r:.60} ({_kind(values)}), "
                 "not a list of values; pass a list, an array or a Series per column (one value: "
                 f"[{values!r:.40}])", queue=queue, column=name)
     try:
