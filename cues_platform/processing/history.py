@@ -8,14 +8,29 @@ version of the commit) so that the tests and the auditor see one history per pro
 order, whichever path each step took. Reading it is O(commits in the log): it is for audits and
 tests, never for recovery (which reads app transactions, O(1)).
 
-Delta keeps commit entries for the table's ``delta.logRetentionDuration`` (30 days by default)
-after a checkpoint, and no queue commit trims them by itself (``queues/maintenance.py``,
-``COMMIT_HOOKS``). So that trimming loses no record, the stepper copies the one-commit steps'
-records into a *digest* record of its backing queue at every backing maintenance (every
-``Options.backing_maintenance_every`` steps, default 1,000), then trims the home's expired
-entries itself; a digest is expanded back into one attempt per step. Only ``cues queue
-maintain`` can trim steps that were not digested yet: those of a processor stopped for longer
-than the log retention before its next maintenance point.
+Digests: the log of a home queue is trimmed (``processing/home.py``, :func:`trim_home_log`), so
+the step records in it are first copied into the home's *digest queue*
+(``{lake}/_cues/digests/{home}``, :class:`HomeDigests`). A digest covers every step commit of
+*every* processor homed in that queue (lanes share homes) between the previous digest's version
+and its own ``upto``, so a quiet lane's steps are digested by a busy lane's maintenance and a
+trim below ``upto`` never deletes a step commit that no digest holds, whoever made it. Contract
+of :meth:`HomeDigests.digest`:
+
+1. ``since`` = the newest digest's ``upto`` (-1: none); ``upto`` = the home's version now.
+2. Read the step-record commits of the log in ``(since, upto]`` (every processor).
+3. Append one digest row per processor that has some (one commit). Only now may the home's
+   entries up to ``upto`` be trimmed.
+
+By induction every step commit up to the newest digest's ``upto`` is in a digest: each digest
+starts where a committed one ended. Two digests made at once overlap (both start at the same
+``since``); :func:`commit_records` keeps the first record of a version, so an overlap is
+harmless. A crash after 2 digests nothing and trims nothing; after 3 the next trim may go on.
+Digests written to a processor's backing queue by earlier versions are still read
+(:mod:`cues_platform.processing.backing`, ``expand``).
+
+Who owns what: a digest queue is owned by its home queue; nothing deletes its rows (they are the
+audit's record of steps whose log entries are gone); it grows by one commit per
+``backing_maintenance_every`` steps of the busiest processor homed there.
 """
 
 from __future__ import annotations
@@ -24,9 +39,26 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from cues_platform.processing.backing import BackingQueue, Record, RecordType, Snapshot
+import pyarrow as pa
+
+from cues_platform.processing.backing import (
+    BACKING_PROPERTIES,
+    BackingQueue,
+    Record,
+    RecordType,
+    Snapshot,
+    digest,
+    expand,
+)
 from cues_platform.processing.home import STEP_RECORD_KEY
 from cues_platform.queues import Lake, Queue
+
+DIGEST_SCHEMA = pa.schema([
+    pa.field("processor", pa.string(), nullable=False),
+    pa.field("since", pa.int64(), nullable=False),  # the digest covers home versions (since, upto]
+    pa.field("upto", pa.int64(), nullable=False),
+    pa.field("record", pa.string(), nullable=False),  # the steps, as a backing digest record's
+])
 
 _TYPES = {"attempt_output", "attempt_error", "attempt_nil"}
 
@@ -44,7 +76,20 @@ class BadCommit:
 def commit_records(queue: Queue, *, processor: str | None = None,
                    since: int = -1) -> tuple[dict[str, list[Record]], list[BadCommit]]:
     """``({processor: [records in version order]}, malformed)`` of the step-record commits of
-    ``queue`` newer than version ``since``."""
+    ``queue`` newer than version ``since``: those its digest queue holds (their log entries may be
+    trimmed) and those still in its log, each version once."""
+    digested = HomeDigests.existing(queue.lake, queue.name)
+    found = digested.records(processor=processor, since=since) if digested is not None else {}
+    logged, bad = log_records(queue, processor=processor, since=since)
+    for pid, recs in logged.items():
+        have = {r.version for r in found.get(pid, [])}
+        found.setdefault(pid, []).extend(r for r in recs if r.version not in have)
+    return {pid: sorted(recs, key=lambda r: r.version or -1) for pid, recs in found.items()}, bad
+
+
+def log_records(queue: Queue, *, processor: str | None = None,
+                since: int = -1) -> tuple[dict[str, list[Record]], list[BadCommit]]:
+    """:func:`commit_records` of the log alone."""
     found: dict[str, list[Record]] = {}
     bad: list[BadCommit] = []
     for entry in reversed(queue.refresh().history()):
@@ -109,6 +154,70 @@ def step_history(backing: Iterable[Record], queues: Iterable[Queue], processor: 
         commits += commit_records(q, processor=processor)[0].get(processor, [])
     return merge(backing, commits)
 
+
+
+class HomeDigests:
+    """The digest queue of home queue ``home`` (see the module docstring for the contract)."""
+
+    def __init__(self, lake: Lake, home: str) -> None:
+        self.home = home
+        self.queue: Queue = lake.create_queue(
+            home, schema=DIGEST_SCHEMA, partitions=("0",), exist_ok=True,
+            uri=lake.system_uri("digests", home), properties=BACKING_PROPERTIES,
+            description=f"digests of the step commits of home queue {home}")
+
+    @classmethod
+    def existing(cls, lake: Lake, home: str) -> HomeDigests | None:
+        from deltalake import DeltaTable
+
+        uri = lake.system_uri("digests", home)
+        return cls(lake, home) if DeltaTable.is_deltatable(uri, storage_options=lake.options) else None
+
+    def covered(self) -> int:
+        """The newest digest's ``upto`` (-1: none), read in O(1)."""
+        last = self.queue.last_offset("0")
+        if last is None:
+            return -1
+        return int(self.queue.read_arrow(partition="0", start=last, end=last + 1,
+                                         columns=["upto"])["upto"][0].as_py())
+
+    def digest(self, home: Queue) -> int:
+        """Steps 1-3: digest the step commits of ``home`` not digested yet; returns ``upto``, the
+        version up to which every step commit of ``home`` is now in a digest."""
+        # Step 1
+        since = self.covered()
+        upto = home.refresh().version()
+        if upto <= since:
+            return since
+        # Step 2
+        found, _ = log_records(home, since=since)
+        found = {pid: [r for r in recs if (r.version or -1) <= upto] for pid, recs in found.items()}
+        # Step 3
+        rows = [(pid, digest(recs, -1)) for pid, recs in sorted(found.items()) if recs]
+        if rows:
+            table = pa.table({"processor": [pid for pid, _ in rows], "since": [since] * len(rows),
+                              "upto": [upto] * len(rows),
+                              "record": [json.dumps(d.outputs, sort_keys=True) for _, d in rows]},
+                             schema=DIGEST_SCHEMA)
+        else:  # nothing to hold, but the mark moves on (an empty row of no processor)
+            table = pa.table({"processor": [""], "since": [since], "upto": [upto], "record": ["{}"]},
+                             schema=DIGEST_SCHEMA)
+        self.queue.append(table, partition="0")
+        return upto
+
+    def records(self, *, processor: str | None = None, since: int = -1) -> dict[str, list[Record]]:
+        """``{processor: [records]}`` of the digested step commits newer than version ``since``."""
+        out: dict[str, list[Record]] = {}
+        for row in self.queue.read_arrow(partition="0").to_pylist():
+            pid = row["processor"]
+            if not pid or (processor is not None and pid != processor) or row["upto"] <= since:
+                continue
+            body = json.loads(row["record"])
+            snap = Snapshot.from_json(body["steps"][-1]["snapshot"])
+            for rec in expand(Record(RecordType.DIGEST, snap, -1, body)):
+                if (rec.version or -1) > since:
+                    out.setdefault(pid, []).append(rec)
+        return out
 
 
 def processor_history(lake: Lake, processor: str) -> list[Record]:

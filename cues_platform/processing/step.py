@@ -93,7 +93,6 @@ from cues_platform.processing.backing import (
     Record,
     RecordType,
     Snapshot,
-    digest,
 )
 from cues_platform.processing.batching import step_size
 from cues_platform.processing.context import StepContext
@@ -561,23 +560,20 @@ class ExactlyOnceStepper(StepBase):
         return result_
 
     def digest_steps(self) -> None:
-        """Copy the records of one-commit steps not yet digested from the home queue's log into
-        one backing record, before Delta's log retention can trim them (the auditor reads both;
-        recovery needs neither)."""
+        """Digest the home queue's step commits (every processor's homed there: lanes share
+        homes, and a quiet lane's steps must be held before anyone trims them) into the home's
+        digest queue, then trim the home's log below what the digests hold (the auditor reads
+        both; recovery needs neither). No expired-entry cleanup by age: what may go is decided by
+        what is digested, never by the local clock."""
         if self.home is None:
             return
-        from cues_platform.processing.history import commit_records
+        from cues_platform.processing.history import HomeDigests
 
         home = self.queues[self.home]
-        upto = home.refresh().version()  # this processor's step commits up to here get digested
-        found, _ = commit_records(home, processor=self.processor.id, since=self.backing.digested_version())
-        records = found.get(self.processor.id, [])
-        if records:
-            self.backing.append(digest(records, self.epoch))
+        upto = HomeDigests(self.lake, self.home).digest(home)
         # Only now may the home's old log entries go: every step they hold is digested (commits
         # skip delta-rs' per-commit cleanup: queues/maintenance.py, COMMIT_HOOKS).
-        trim_home_log(home, self.processor.id, digested=upto)
-        home.refresh().cleanup_metadata()
+        trim_home_log(home, digested=upto)
 
 
 _OUTCOMES = {RecordType.ATTEMPT_OUTPUT: "output", RecordType.ATTEMPT_ERROR: "error"}

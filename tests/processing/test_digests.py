@@ -1,6 +1,6 @@
 """Step digests: the one-commit steps' records survive the trimming of their home queue's Delta log
-(the auditor reads them from the backing queue's digest records), and a digest changes nothing
-that recovery reads."""
+(the auditor reads them from the home's digest queue, ``history.HomeDigests``), a digest holds
+every processor's steps in a shared home (lanes), and a digest changes nothing recovery reads."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from dataclasses import replace
 from deltalake import DeltaTable
 
 from cues_platform.audit import audit
-from cues_platform.processing import BackingQueue, GraphRunner, RecordType
-from cues_platform.processing.history import commit_records, processor_history
+from cues_platform.processing import BackingQueue, GraphRunner, Range, Snapshot
+from cues_platform.processing.history import HomeDigests, commit_records, log_records, processor_history
 from cues_platform.queues import maintenance
 from tests.processing.graphs import PID, build_graph, check_exact, load_inputs
 
@@ -51,12 +51,12 @@ def test_digests_keep_the_step_records_when_the_log_is_trimmed(spark, lake):
     runner = GraphRunner(graph=graph, lake=lake, spark=spark)
     load_inputs(lake, "map", n=N)
     runner.run_until_idle()
-    raw = [r["type"] for r in BackingQueue(lake, PID).queue.read_arrow(partition="0").to_pylist()]
-    assert raw.count(RecordType.DIGEST.value) == 3  # each holds the two steps since the last one
-    last = BackingQueue(lake, PID).last_record()  # recovery's read: type and step, steps undecoded
-    assert (last.type, last.step, last.outputs) == (RecordType.DIGEST, N // BATCH - 1, {})
+    raw = HomeDigests(lake, "b").queue.read_arrow(partition="0").to_pylist()
+    assert [r["processor"] for r in raw] == [PID] * 3  # each holds the two steps since the last one
+    assert BackingQueue(lake, PID).last_record() is None  # one-commit steps: nothing in the backing
     trim_log(lake, "b")
-    assert commit_records(lake.queue("b"), processor=PID)[0] == {}  # the log no longer has them
+    assert log_records(lake.queue("b"), processor=PID)[0] == {}  # the log no longer has them
+    assert [r.step for r in commit_records(lake.queue("b"), processor=PID)[0][PID]] == list(range(6))
     assert_every_step_audited_and_recovered(spark, lake, graph)
 
 
@@ -77,25 +77,6 @@ def _log_entries(queue) -> list[str]:
     return sorted(p.name for p in (queue.lake.local_path(queue.uri) / "_delta_log").glob("*.json"))
 
 
-def test_the_stepper_drops_the_homes_expired_log_only_after_digesting_it(spark, lake):
-    """No commit cleans the log by itself (queues/maintenance.py, COMMIT_HOOKS); the stepper does,
-    right after each digest, so what it drops is already in the backing queue."""
-    graph = graph_with_maintenance(every=2)
-    runner = GraphRunner(graph=graph, lake=lake, spark=spark)
-    home = lake.queue("b")
-    home.refresh().alter.set_table_properties({"delta.logRetentionDuration": "interval 0 hours",
-                                               "delta.checkpointInterval": "2"})
-    load_inputs(lake, "map", n=N)
-    runner.run_until_idle()
-    entries = _log_entries(home)
-    assert "00000000000000000000.json" not in entries  # expired entries before a checkpoint: gone
-    assert len(entries) < home.refresh().version() + 1
-    attempts = [r for r in processor_history(lake, PID) if r.is_attempt]
-    assert [a.step for a in attempts] == list(range(N // BATCH))  # every step: digested first
-    check_exact(lake, "map", "output", n=N, batch=BATCH)
-    assert audit(lake, graph=graph).ok, audit(lake, graph=graph).to_text()
-
-
 def test_the_stepper_trims_the_digested_home_log_at_the_default_retention(spark, lake):
     """The log retention is Delta's default (30 days), yet the home's log stays short: entries
     below the second-newest checkpoint that the digests cover go (home.trim_home_log), so
@@ -112,23 +93,69 @@ def test_the_stepper_trims_the_digested_home_log_at_the_default_retention(spark,
     assert_every_step_audited_and_recovered(spark, lake, graph)
 
 
-def test_another_processors_step_records_in_the_same_home_are_not_trimmed(lake):
-    """Two processors may share an output queue; one's digests say nothing of the other's step
-    records, so trimming stops below the other's oldest step commit."""
+def test_a_digest_holds_every_processors_steps_in_a_shared_home(lake):
+    """Two processors may share an output queue (lanes of one processor always do): a digest
+    holds the step commits of both, so the trim below it loses neither's records and, unlike a
+    trim per processor that stopped below the other's oldest step, actually shortens the log."""
     from cues_platform.processing.home import STEP_RECORD_KEY, trim_home_log
     from tests.support import PAYLOAD, rows
 
     q = lake.create_queue("shared", schema=PAYLOAD)
     q.refresh().alter.set_table_properties({"delta.checkpointInterval": "2"})
+
+    def step(i: int, who: str) -> None:
+        snap = Snapshot(who, i, {"src": Range("in", "0", i, i + 1)})
+        q.append(rows(i, 1), partition="0", commit_metadata={
+            STEP_RECORD_KEY: "commit", "cues.processor": who, "cues.step": str(i), "cues.epoch": "0",
+            "cues.outcome": "attempt_output", "cues.snapshot": snap.to_json(),
+            "cues.rows": '{"shared": {"0": 1}}', "cues.hash": snap.delivery_hash})
+
     for i in range(12):
-        who = "other" if i == 3 else "p"
-        q.append(rows(i, 1), partition="0",
-                 commit_metadata={STEP_RECORD_KEY: "commit", "cues.processor": who})
-    other_version = next(int(e["version"]) for e in q.refresh().history() if e.get("cues.processor") == "other")
-    assert trim_home_log(q, "p", digested=q.version()) > 0
-    left = _log_entries(q)
-    assert "00000000000000000000.json" not in left  # below the cut: trimmed
-    assert all(f"{v:020d}.json" in left for v in range(other_version, q.version() + 1))
+        step(i, "p" if i != 3 else "other")
+    upto = HomeDigests(lake, "shared").digest(q)
+    assert upto == q.version()
+    assert trim_home_log(q, digested=upto) > 0
+    assert "00000000000000000000.json" not in _log_entries(q)
+    assert len(_log_entries(q)) < 6
+    found = commit_records(q)[0]
+    assert [r.step for r in found["other"]] == [3]
+    assert [r.step for r in found["p"]] == [i for i in range(12) if i != 3]
     assert q.read_arrow(partition="0")["id"].to_pylist() == list(range(12))
-    # for a third processor every step record here is foreign: nothing more goes
-    assert trim_home_log(q, "nobody-else", digested=q.version()) == 0  # "p" is foreign now
+    # a second digest with nothing new moves nothing; one with a new step holds only it
+    assert HomeDigests(lake, "shared").digest(q) == upto
+    step(12, "other")
+    HomeDigests(lake, "shared").digest(q)
+    assert [r.step for r in commit_records(q)[0]["other"]] == [3, 12]
+
+
+def test_a_busy_lanes_digest_keeps_a_quiet_lanes_step_records_however_old(spark, lake):
+    """The review's reproduction (issue 22, item 2): lanes p and p.x share the home ``b``; p.x
+    takes one step; its log entry ages past the retention ("31 days": a retention of 0 hours);
+    p reaches its digest. The digest cleaned expired entries of ``b`` by age and deleted p.x's
+    step commit, which no digest held: the audit then failed for good on an exact delivery.
+    Now the digest holds every processor's steps of the home before anything is trimmed, and no
+    entry is dropped by age."""
+    from cues_platform.processing import ERROR_SCHEMA, Graph, In, Kind, Options, Out, Processor, QueueDef
+    from tests.support import PAYLOAD, rows
+
+    def copy(ctx, src):
+        return src
+
+    g = Graph.build(name="g", queues=[QueueDef("a", PAYLOAD, ("0", "x")), QueueDef("b", PAYLOAD),
+                                      QueueDef("errors", ERROR_SCHEMA)],
+                    processors=[Processor("p", Kind.MAP, copy, {"src": In("a")}, {"out": Out("b", "0")},
+                                          options=Options(batch_size=2, backing_maintenance_every=2))],
+                    error_queue="errors")
+    GraphRunner(graph=g, lake=lake, spark=spark)
+    lake.queue("a").append(rows(1_000, 1), partition="x")
+    GraphRunner(graph=g, lake=lake, spark=spark, only=["p.x"]).run_until_idle()  # one quiet step
+    home = lake.queue("b")
+    home.refresh().alter.set_table_properties({"delta.logRetentionDuration": "interval 0 hours",
+                                               "delta.checkpointInterval": "2"})
+    lake.queue("a").append(rows(0, 8), partition="0")
+    GraphRunner(graph=g, lake=lake, spark=spark, only=["p"]).run_until_idle()  # 4 steps, 2 digests
+    assert "00000000000000000000.json" not in _log_entries(home)  # the shared log was trimmed
+    assert [r.step for r in processor_history(lake, "p.x") if r.is_attempt] == [0]
+    assert [r.step for r in processor_history(lake, "p") if r.is_attempt] == [0, 1, 2, 3]
+    report = audit(lake, graph=g)
+    assert report.ok, report.to_text()
