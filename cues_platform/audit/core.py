@@ -119,8 +119,7 @@ def audit(lake: Lake, *, graph: Graph | None = None) -> AuditReport:
             known.setdefault(rec.hash, Known(pid, rec))
             eo_queues.update(record_rows(rec))
             violations += alts_violations(pid, rec.snapshot)
-        # Step 4: every staged file an attempt names is in its step's staging folder.
-        violations += staged_file_checks(lake, pid, arranged.attempts.values())
+
         if arranged.pending_snapshot is not None:
             snapshot_only[arranged.pending_snapshot.hash] = arranged.pending_snapshot
             violations += alts_violations(pid, arranged.pending_snapshot.snapshot)
@@ -191,9 +190,11 @@ def audit(lake: Lake, *, graph: Graph | None = None) -> AuditReport:
     violations += count_checks(rows, known)
     violations += transaction_checks(rows, known, late)
 
-    # Step 3: no step that read nothing produced rows.
+    # Step 3: no step that read nothing produced rows. Step 4: every staged file an attempt names
+    # is in its step's staging folder (of this lake, while recovery may still read it).
     for pid, arranged in steps.items():
         violations += rows_without_input(pid, arranged.attempts.values(), rows)
+        violations += staged_file_checks(lake, pid, arranged.attempts.values(), delivered[pid])
 
     # Step 1: input coverage of delivered steps, and positions across lanes and redeployments.
     summaries: dict[str, ProcessorSummary] = {}

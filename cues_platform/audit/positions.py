@@ -134,11 +134,12 @@ def exclusive_owners(delivered: Mapping[str, list[Record]]) -> dict[Key, str]:
     return owners
 
 
-def position_checks(
-    delivered: Mapping[str, list[Record]], stored: Mapping[tuple[str, str, str], int | None]
-) -> list[Violation]:
+Stored = Mapping[tuple[str, str, str], tuple[int, int | None]]
+
+
+def position_checks(delivered: Mapping[str, list[Record]], stored: Stored) -> list[Violation]:
     """R1-R4 over every processor's delivered steps. ``stored``: (processor, queue, partition) ->
-    the ``pos:`` app transaction found in its home queue (None: none stored)."""
+    (the ``pos:`` app transaction in its home queue, the home's ``proc:`` step there)."""
     bad: list[Violation] = []
     chains: dict[str, dict[Key, Chain]] = {}
     for pid, recs in sorted(delivered.items()):
@@ -157,7 +158,7 @@ def position_checks(
             if owner is not None and owner in lanes:
                 bad += _exclusive(key, owner, readers)
         for pid in lanes:
-            bad += _stored(pid, lanes, chains, stored)
+            bad += _stored(pid, lanes, chains, delivered.get(pid, []), stored)
     return bad
 
 
@@ -224,19 +225,26 @@ def _exclusive(key: Key, owner: str, readers: list[Chain]) -> list[Violation]:
 
 
 def _stored(pid: str, lanes: list[str], chains: Mapping[str, Mapping[Key, Chain]],
-            stored: Mapping[tuple[str, str, str], int | None]) -> list[Violation]:
-    """R4: the stored positions of ``pid`` agree with what it (or its family) read."""
+            recs: list[Record], stored: Stored) -> list[Violation]:
+    """R4: the stored positions of ``pid`` agree with what it (or its family) read. A position is
+    compared with the steps its home has (``proc:`` <= the home's step): an attempt recorded
+    after it is not closed by the home yet (recovery closes it) and moves no position."""
     bad = []
-    for (p, queue, part), value in sorted(stored.items()):
-        if p != pid or value is None:
+    for (p, queue, part), (value, home_step) in sorted(stored.items()):
+        if p != pid:
             continue
-        mine = chains[pid].get((queue, part))
-        if mine is not None:
-            if value == mine.end:
+        reads = [(rec.step, r) for rec in recs for r in rec.snapshot.inputs.values()
+                 if (r.queue, r.partition) == (queue, part)
+                 and (home_step is None or rec.step <= home_step)]
+        end = max(reads, key=lambda sr: (sr[0], sr[1].end))[1].end if reads else None
+        if end is not None:
+            if value == end:
                 continue
-            why = (f"its last delivered read of it (step {mine.last_step}) ends at {mine.end}")
+            last = max(step for step, _ in reads)
+            why = f"its last delivered read of it (step {last}) ends at {end}"
         else:
-            ends = {chains[o][(queue, part)].end for o in lanes if (queue, part) in chains[o]}
+            ends = {chains[o][(queue, part)].end for o in lanes
+                    if o != pid and (queue, part) in chains[o]}
             if value == 0 or value in ends:
                 continue
             why = ("it never read that partition"
@@ -247,16 +255,16 @@ def _stored(pid: str, lanes: list[str], chains: Mapping[str, Mapping[Key, Chain]
             f"{value}, but {why}: its next step would skip or repeat offsets (a position moved or "
             "carried from another partition)",
             processor=pid, queue=queue, partition=part,
-            offsets=(min(value, mine.end), max(value, mine.end)) if mine is not None else None,
+            offsets=(min(value, end), max(value, end)) if end is not None else None,
         ))  # fmt: skip
     return bad
 
 
 def stored_positions(delivered: Mapping[str, list[Record]], queues: Mapping[str, object],
-                     processors: Mapping[str, object]) -> dict[tuple[str, str, str], int | None]:
-    """(processor, queue, partition) -> its ``pos:`` app transaction, for every (queue,
-    partition) its family read, looked up in every queue that holds the processor's ``epoch:``
-    or ``proc:`` app transaction (its home). ``queues``: name -> Queue."""
+                     processors: Mapping[str, object]) -> dict[tuple[str, str, str], tuple[int, int | None]]:
+    """(processor, queue, partition) -> (its ``pos:`` app transaction, that queue's ``proc:``
+    step), for every (queue, partition) its family read, looked up in every queue that holds the
+    processor's ``epoch:`` or ``proc:`` app transaction (its home). ``queues``: name -> Queue."""
     from cues_platform.processing.home import epoch_app_id
     from cues_platform.processing.outputs import proc_app_id
 
@@ -265,7 +273,7 @@ def stored_positions(delivered: Mapping[str, list[Record]], queues: Mapping[str,
         for rec in recs:
             for r in rec.snapshot.inputs.values():
                 keys_of_family[family_of(pid)].add((r.queue, r.partition))
-    out: dict[tuple[str, str, str], int | None] = {}
+    out: dict[tuple[str, str, str], tuple[int, int | None]] = {}
     tables = {name: q.refresh() for name, q in sorted(queues.items())}  # type: ignore[attr-defined]
     for pid in sorted(processors):
         homes = [dt for dt in tables.values()
@@ -275,5 +283,6 @@ def stored_positions(delivered: Mapping[str, list[Record]], queues: Mapping[str,
             for dt in homes:
                 value = dt.transaction_version(pos_app_id(pid, queue, part))
                 if value is not None:
-                    out[(pid, queue, part)] = int(value)
+                    step = dt.transaction_version(proc_app_id(pid))
+                    out[(pid, queue, part)] = (int(value), None if step is None else int(step))
     return out

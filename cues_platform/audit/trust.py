@@ -1,10 +1,13 @@
 """What a record claims, checked against the lake (issue 22 item 7): the records are data, and a
 damaged or forged one must fail the audit, not pass it.
 
-- [outside_lake]: every staged file an attempt record names lies in the staging folder of that
-  attempt's own step inside the lake (:func:`cues_platform.processing.outputs.confine_staged`,
-  the check recovery makes before it reads one). The data files a table's Delta log names are
-  checked by :mod:`.storage` (step 5).
+- [outside_lake]: every staged file an attempt record names is a file of the staging folder of
+  that attempt's own step (``.../_cues/staging/{processor}/{step}-{hash8}/{name}``, no ``..``).
+  For an attempt that recovery may still read (not delivered yet), the folder must be the one in
+  *this* lake (:func:`cues_platform.processing.outputs.confine_staged`, the check recovery makes
+  before it reads one); a delivered attempt's files were removed after its commit and are never
+  read again, so its records may name the lake's earlier location (a lake moved or restored
+  elsewhere). The data files a table's Delta log names are checked by :mod:`.storage` (step 5).
 - [rows_without_input]: a step that read no input offset produced no row. Every snapshot the
   protocol plans reads at least one offset (map, join, fork and sink steps wait until every input
   has data; an alts step reads its chosen binding; a source has no inputs and no backing queue),
@@ -22,14 +25,17 @@ from cues_platform.audit.backing import record_rows
 from cues_platform.audit.report import OUTSIDE_LAKE, ROWS_WITHOUT_INPUT, Violation
 from cues_platform.audit.rows import QueueRows
 from cues_platform.processing.backing import Record
-from cues_platform.processing.outputs import confine_staged
+from cues_platform.processing.outputs import STAGING_MARK, confine_staged
 from cues_platform.queues import Lake
 from cues_platform.queues.confine import PathOutsideLakeError
 
 
-def staged_file_checks(lake: Lake, pid: str, attempts: Iterable[Record]) -> list[Violation]:
-    """[outside_lake] for every staged file an attempt names outside its step's staging folder."""
+def staged_file_checks(lake: Lake, pid: str, attempts: Iterable[Record],
+                       delivered: Iterable[Record] = ()) -> list[Violation]:
+    """[outside_lake] for every staged file an attempt names outside its step's staging folder
+    (in this lake, unless the attempt is one of ``delivered``)."""
     bad: list[Violation] = []
+    done = {rec.hash for rec in delivered}
     for rec in attempts:
         files = rec.outputs.get("files") or {}
         if not isinstance(files, Mapping):
@@ -37,7 +43,11 @@ def staged_file_checks(lake: Lake, pid: str, attempts: Iterable[Record]) -> list
         for queue, parts in sorted(files.items()):
             for part, uri in sorted((parts or {}).items()):
                 try:
-                    confine_staged(uri, lake=lake, snapshot=rec.snapshot, queue=queue, partition=part)
+                    if rec.hash in done:
+                        _staged_shape(uri, rec)
+                    else:
+                        confine_staged(uri, lake=lake, snapshot=rec.snapshot, queue=queue,
+                                       partition=part)
                 except PathOutsideLakeError as exc:
                     bad.append(Violation(
                         OUTSIDE_LAKE,
@@ -49,6 +59,21 @@ def staged_file_checks(lake: Lake, pid: str, attempts: Iterable[Record]) -> list
                         file=str(uri),
                     ))  # fmt: skip
     return bad
+
+
+def _staged_shape(uri: object, rec: Record) -> None:
+    """Raise :class:`PathOutsideLakeError` unless ``uri`` names a file directly in the staging
+    folder of ``rec``'s step, in whatever lake root precedes it."""
+    snap = rec.snapshot
+    folder = f"{STAGING_MARK}{snap.processor}/{snap.step:012d}-{snap.delivery_hash[:8]}/"
+    text = uri if isinstance(uri, str) else ""
+    root, found, name = text.partition(folder)
+    if found and root and name and "/" not in name and name not in (".", "..") and not any(
+        s in (".", "..") for s in root.split("/")
+    ):
+        return
+    raise PathOutsideLakeError(f"{uri!r} is not a staged file of step {snap.step}", path=uri,
+                               reason=f"it is not a file directly in a folder .../{folder.strip('/')}")
 
 
 def rows_without_input(pid: str, attempts: Iterable[Record],

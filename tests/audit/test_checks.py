@@ -19,6 +19,7 @@ from cues_platform.audit import (
 )
 from cues_platform.errors import CuesError
 from cues_platform.processing import Range, RecordType
+from cues_platform.processing.backing import Snapshot
 from cues_platform.processing.loader import load_graph
 from cues_platform.queues import Lake
 from tests.audit.lakes import ORDERS, append_step, attempts, only, orders, write_graph
@@ -57,7 +58,10 @@ def test_lag_and_pending_are_reported_not_violations(lake_copy: Lake) -> None:
 
 def test_attempt_without_commit_is_pending_when_last_and_undelivered_after(lake_copy: Lake) -> None:
     lake_copy.queue("orders").append(orders(ORDERS, 20), partition="0")
-    outputs = {"files": {"enriched": {"0": "/gone.parquet"}}, "rows": {"enriched": {"0": 10}}}
+    inputs = {"orders": Range("orders", "0", 30, 40)}
+    step3 = Snapshot("enrich", 3, inputs).delivery_hash[:8]
+    gone = lake_copy.system_uri("staging", "enrich", f"{3:012d}-{step3}", "enriched--0--gone.parquet")
+    outputs = {"files": {"enriched": {"0": gone}}, "rows": {"enriched": {"0": 10}}}
     lost = append_step(
         lake_copy,
         "enrich",
