@@ -6,9 +6,11 @@ checks compare the backing records with the ``_delivery_hash`` / ``_partition`` 
 columns of the queues (read as Arrow with column projection, vectorized: millions of rows are
 fine). The checks (violation kinds in brackets), one module each:
 
-1. Input coverage (:mod:`.coverage`): every offset of every input partition, from 0 to the end of
-   the processor's last delivered step, is read by exactly one delivered step ([gap],
-   [overlap]); no step reads offsets the input does not have ([beyond_end]). A delivered step is
+1. Input coverage and positions (:mod:`.coverage`, :mod:`.positions`): per processor in step
+   order and per (queue, partition), each step starts where the previous read ended; a first read
+   starts at 0 or where another lane of the family ended; no lane reads another lane's own
+   partition from 0; a stored position is explained by the history ([gap], [overlap],
+   [position]); no step reads offsets the input does not have ([beyond_end]). A delivered step is
    an attempt whose commits are all present (rows with its hash in every queue it names); a nil
    attempt is delivered by its record. A trailing snapshot without an attempt, or a last attempt
    whose commits are not all there yet, is *pending* (recovery finishes it); input offsets after
@@ -25,14 +27,16 @@ fine). The checks (violation kinds in brackets), one module each:
    commits ([undelivered]); each queue's app transaction ``proc:{processor}`` agrees with the
    steps whose rows it holds ([app_transaction]); a queue an attempt names exists
    ([missing_queue]).
-4. The backing queue itself (:mod:`.sequence`, :mod:`.backing`): steps numbered 0, 1, 2, ...
-   each with one snapshot then one attempt of the same hash ([step_sequence]); records that do
-   not parse ([malformed_record]); alts snapshots read only the chosen binding
-   ([alts_not_empty]).
+4. The backing queue itself (:mod:`.sequence`, :mod:`.backing`, :mod:`.trust`): steps numbered
+   0, 1, 2, ... each with one snapshot then one attempt of the same hash ([step_sequence]);
+   records that do not parse ([malformed_record]); alts snapshots read only the chosen binding
+   ([alts_not_empty]); staged files an attempt names are in its step's staging folder
+   ([outside_lake]); a step that read nothing produced no rows ([rows_without_input]).
 5. Storage (:mod:`.storage`): every queue and backing table opens and reads ([unreadable]: a
    truncated commit, a missing data file, a folder with data and no log); its log is whole and
    agrees with its files ([corrupt_log]: an empty or unparsable commit, a ``part:`` app
-   transaction that disagrees with the files). An audit fails on what it cannot read.
+   transaction that disagrees with the files); every data file its log names is inside its
+   folder ([outside_lake]). An audit fails on what it cannot read.
 6. Failures (:mod:`.failures`): no error row was written by a platform failure
    ([platform_error]: its ``exception_type`` is Delta's, the file system's, Py4J/Spark's or
    cues_platform's own, so the step's input never reached its outputs).
