@@ -205,21 +205,14 @@ def build_history(lake: Lake, g: Graph, n: int) -> None:
 
 
 def digest_like_the_stepper(lake: Lake, g: Graph, home, epoch: int) -> None:
-    """What ``ExactlyOnceStepper.digest_steps`` did along the way, every
-    ``backing_maintenance_every`` steps: one digest record per that many step records in the
-    backing queue, then the home's log trimmed below what they cover (``home.trim_home_log``)."""
-    from cues_platform.processing.backing import digest
-    from cues_platform.processing.history import commit_records
+    """What ``ExactlyOnceStepper.digest_steps`` did along the way: the home's step commits held
+    by its digest queue, then the home's log trimmed below what the digest covers
+    (``history.HomeDigests``, ``home.trim_home_log``)."""
+    from cues_platform.processing.history import HomeDigests
     from cues_platform.processing.home import trim_home_log
 
-    every = g.processors["convert"].options.backing_maintenance_every
-    backing = BackingQueue(lake, "convert")
-    records = commit_records(home, processor="convert")[0].get("convert", [])
-    done = len(records) // every * every
-    for i in range(0, done, every):
-        backing.append(digest(records[i:i + every], epoch))
-    if done:
-        trim_home_log(home, "convert", digested=records[done - 1].version)
+    upto = HomeDigests(lake, home.name).digest(home)
+    trim_home_log(home, digested=upto)
 
 
 def time_recovery(spark, root: str, g: Graph, n: int, runs: int) -> float:

@@ -246,11 +246,14 @@ def queue_tail(
 @lake_option
 def queue_maintain(name: str, retention_hours: float, unsafe_allow_short_retention: bool,
                    lake_root: str) -> None:
-    """Compact, checkpoint and vacuum one queue."""
+    """Compact, checkpoint and vacuum one queue (a processor's home: its step records digested
+    first, so dropping old log entries loses none)."""
+    from cues_platform.processing.history import digest_before_maintenance
     from cues_platform.queues.maintenance import maintain
 
     q = open_queue(lake_root, name)
     with storage(name, q.uri, write=True):
+        digest_before_maintenance(q)
         reports = maintain(q, retention_hours=retention_hours,
                            unsafe_allow_short_retention=unsafe_allow_short_retention)
     for report in reports:
@@ -442,6 +445,7 @@ class _StartupInterrupted(Exception):  # noqa: N818 - a requested stop, reported
 main.add_command(participant)  # cues participant ... (the postings protocol, seed 002)
 main.add_command(__import__("cues_platform.jepsen.cli", fromlist=["jepsen"]).jepsen)  # cues jepsen
 main.add_command(__import__("cues_platform.spark.cli", fromlist=["spark"]).spark)  # cues spark
+main.add_command(__import__("cues_platform.processing.cli", fromlist=["processor"]).processor)  # cues processor
 
 if __name__ == "__main__":
     main()

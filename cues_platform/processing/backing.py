@@ -173,14 +173,14 @@ class BackingQueue:
     def fence(self, *, minimum: int = 0) -> int:
         """Start a new epoch, at least ``minimum`` (fencing every older instance), and return it."""
         for _ in range(200):
-            dt = self.queue.refresh()
-            new = max(self.epoch(dt) + 1, minimum)
             try:
-                write_deltalake(dt, self.queue.table_schema.empty_table(), mode="append",
-                                commit_properties=CommitProperties(
-                                    app_transactions=[Transaction(EPOCH_APP_ID, new)],
-                                    custom_metadata={"cues.epoch": str(new)}),
-                                post_commithook_properties=COMMIT_HOOKS)
+                with self.queue.writing() as dt:  # read and commit on one unmoved snapshot
+                    new = max(self.epoch(dt) + 1, minimum)
+                    write_deltalake(dt, self.queue.table_schema.empty_table(), mode="append",
+                                    commit_properties=CommitProperties(
+                                        app_transactions=[Transaction(EPOCH_APP_ID, new)],
+                                        custom_metadata={"cues.epoch": str(new)}),
+                                    post_commithook_properties=COMMIT_HOOKS)
                 return new
             except CommitFailedError:
                 continue

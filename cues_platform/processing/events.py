@@ -12,6 +12,11 @@ one, so a reader never sees half a file). Events, in the order a run makes them:
   row counts;
 - ``lane_added``: a partition added to a queue read by an every-partition binding got its lane
   (``processor``: the lane's id, ``family``, ``partition``; processing/lanes.py);
+- ``lane_waiting``: a partition added to one of several co-partitioned inputs is held back until
+  every such input has it (``family``, ``queue``, ``partition``, ``waits_for``, ``message``);
+- ``lane_refused``: the lake's partitions could not be made into lanes, or a new lane would read
+  what another processor of its family read (processing/deployments.py); the existing lanes go
+  on (``error``: the reason, once per reason);
 - ``idle``: no processor had work (once per transition from working to idle);
 - ``fenced``: a newer instance of a processor took over (the runner stops);
 - ``stopped``: why (``stop requested``, ``idle for Ns``) and the run's duration; or ``failed``:

@@ -220,6 +220,18 @@ class HomeDigests:
         return out
 
 
+def digest_before_maintenance(queue: Queue) -> int | None:
+    """Digest ``queue``'s step commits (when it is some processor's home) before a maintenance
+    that drops old log entries by age (``cues queue maintain``): a step commit that no digest
+    held would be lost, whoever's it was and however long its processor was idle. Returns the
+    version digested up to (None: the queue holds no step record)."""
+    if HomeDigests.existing(queue.lake, queue.name) is None:
+        found, _ = log_records(queue)
+        if not found:
+            return None
+    return HomeDigests(queue.lake, queue.name).digest(queue)
+
+
 def processor_history(lake: Lake, processor: str) -> list[Record]:
     """The whole step history of ``processor`` in ``lake`` (its backing queue and every queue)."""
     backing = BackingQueue(lake, processor).records()

@@ -116,25 +116,24 @@ def migrate_legacy_positions(queue: Queue, processor_id: str, *, epoch: int,
     positions now stored for those pairs."""
     app = epoch_app_id(processor_id)
     for _ in range(FENCE_ATTEMPTS):
-        dt = queue.refresh()
-        if _version(queue, dt, app) != epoch:
-            raise ProcessorFencedError(
-                f"processor {processor_id!r}: epoch {epoch} was fenced while migrating its "
-                f"positions in home queue {queue.name!r}", processor=processor_id, epoch=epoch)
-        have: dict[tuple[str, str], int] = {}
-        txns = []
-        for binding, (source, part) in sorted(read.items()):
-            now = _version(queue, dt, pos_app_id(processor_id, source, part))
-            old = _version(queue, dt, legacy_pos_app_id(processor_id, binding))
-            if now is not None:
-                have[(source, part)] = now
-            elif old is not None:
-                have[(source, part)] = old
-                txns.append((pos_app_id(processor_id, source, part), old))
-        if not txns:
-            return have
         try:
-            with queue._lock:
+            with queue.writing() as dt:
+                if _version(queue, dt, app) != epoch:
+                    raise ProcessorFencedError(
+                        f"processor {processor_id!r}: epoch {epoch} was fenced while migrating its "
+                        f"positions in home queue {queue.name!r}", processor=processor_id, epoch=epoch)
+                have: dict[tuple[str, str], int] = {}
+                txns = []
+                for binding, (source, part) in sorted(read.items()):
+                    now = _version(queue, dt, pos_app_id(processor_id, source, part))
+                    old = _version(queue, dt, legacy_pos_app_id(processor_id, binding))
+                    if now is not None:
+                        have[(source, part)] = now
+                    elif old is not None:
+                        have[(source, part)] = old
+                        txns.append((pos_app_id(processor_id, source, part), old))
+                if not txns:
+                    return have
                 key = queue.cache.key(dt)
                 write_deltalake(dt, queue.table_schema.empty_table(), mode="append",
                                 commit_properties=CommitProperties(
@@ -145,7 +144,7 @@ def migrate_legacy_positions(queue: Queue, processor_id: str, *, epoch: int,
                                                      "cues.epoch": str(epoch),
                                                      "cues.migrated": "positions"}),
                                 post_commithook_properties=COMMIT_HOOKS)
-                queue.cache.committed(dt, before=key, txns=[*txns, (app, epoch)])
+                queue.committed(dt, before=key, txns=[*txns, (app, epoch)])
             return have
         except CommitFailedError:
             continue
@@ -160,12 +159,11 @@ def fence_home(queue: Queue, processor_id: str, epoch: int) -> int | None:
     starts its fencing again above it)."""
     app = epoch_app_id(processor_id)
     for _ in range(FENCE_ATTEMPTS):
-        dt = queue.refresh()
-        before = _version(queue, dt, app)
-        if before is not None and before >= epoch:
-            return before
         try:
-            with queue._lock:
+            with queue.writing() as dt:  # read and commit on one snapshot no other thread moves
+                before = _version(queue, dt, app)
+                if before is not None and before >= epoch:
+                    return before
                 key = queue.cache.key(dt)
                 write_deltalake(dt, queue.table_schema.empty_table(), mode="append",
                                 commit_properties=CommitProperties(
@@ -174,7 +172,7 @@ def fence_home(queue: Queue, processor_id: str, epoch: int) -> int | None:
                                                      "cues.processor": processor_id,
                                                      "cues.epoch": str(epoch)}),
                                 post_commithook_properties=COMMIT_HOOKS)
-                queue.cache.committed(dt, before=key, txns=[(app, epoch)])
+                queue.committed(dt, before=key, txns=[(app, epoch)])
             return None
         except CommitFailedError:
             continue

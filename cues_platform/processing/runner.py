@@ -131,6 +131,16 @@ class GraphRunner:
             return []
         if graph is self.graph:
             return []
+        new = [pid for pid, p in graph.processors.items() if pid not in self.graph.processors
+               and (self._only is None or pid in self._only or p.family in self._only)]
+        try:  # a new lane reading what another of its family read is refused (deployments.py)
+            check_and_record(graph, self.lake, only=new)
+        except GraphError as exc:
+            reason = str(exc).splitlines()[0]
+            if reason not in self._lanes_refused:
+                self._lanes_refused.add(reason)
+                self.events("lane_refused", {"error": f"{type(exc).__name__}: {reason}"[:500]})
+            return []
         create_queues(graph, self.lake)
         before = set(self.steppers)
         self._add_steppers(graph)

@@ -553,11 +553,19 @@ class ExactlyOnceStepper(StepBase):
         self.pending = None
         self.advance(snapshot)
         every = self.processor.options.backing_maintenance_every
-        if every and self.next_step % every == 0:
+        if every and self.next_step % max(1, every // self.sharing_home()) == 0:
             self.digest_steps()
-            if self.backing.queue.next_offset("0"):
-                self.backing.maintain()
+        if every and self.next_step % every == 0 and self.backing.queue.next_offset("0"):
+            self.backing.maintain()
         return result_
+
+    def sharing_home(self) -> int:
+        """How many exactly_once processors of the graph (lanes count one each) step into this
+        one's home queue. Each digests every ``backing_maintenance_every / n`` of its steps, so a
+        home shared by n lanes is digested and trimmed as often as one processor's home (a digest
+        holds every processor's steps), not n times less often."""
+        return max(1, sum(1 for p in self.graph.processors.values()
+                          if p.strategy is self.processor.strategy and home_of(p) == self.home))
 
     def digest_steps(self) -> None:
         """Digest the home queue's step commits (every processor's homed there: lanes share
