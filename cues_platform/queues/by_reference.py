@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from deltalake import CommitProperties, Transaction
+from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction
 from pyarrow import fs
@@ -271,34 +271,36 @@ def commit_files(
     txns += [Transaction(app_id, version) for app_id, version in app_transactions]
     delay = 0.002
     for attempt in range(1, max_attempts + 1):
-        # Step 2
-        dt = queue.refresh()
-        queue.ensure_appendable(dt)
-        for guard in guards:
-            done = guard(dt)
-            if done is not None:
-                return done
-        # Step 3
-        for p, (start, _) in ranges.items():
-            now = queue.next_offset(p, snapshot=dt)
-            if now != start:
-                raise OffsetsMovedError(
-                    f"queue {queue.name!r} partition {p!r}: next offset is {now}, the written "
-                    f"files start at {start}; rewrite them", queue=queue.name, partition=p,
-                    expected=start, found=now)
-        # Step 4
         try:
-            with queue._lock:
+            # Steps 2-4 under the handle's lock (Queue.writing): no other thread of this handle
+            # moves the snapshot between the offsets checked on it and the commit built on it
+            with queue.writing() as dt:
+                # Step 2
+                queue.ensure_appendable(dt)
+                for guard in guards:
+                    done = guard(dt)
+                    if done is not None:
+                        return done
+                # Step 3
+                for p, (start, _) in ranges.items():
+                    now = queue.next_offset(p, snapshot=dt)
+                    if now != start:
+                        raise OffsetsMovedError(
+                            f"queue {queue.name!r} partition {p!r}: next offset is {now}, the "
+                            f"written files start at {start}; rewrite them", queue=queue.name,
+                            partition=p, expected=start, found=now)
+                # Step 4: the version before the commit, so that the search for this commit's
+                # version covers every commit delta-rs may have rebased it over
+                before = dt.version()
                 dt.create_write_transaction(
                     actions, mode="append", schema=queue.table_schema, partition_by=[PARTITION],
                     commit_properties=CommitProperties(app_transactions=txns,
                                                        custom_metadata=metadata,
                                                        max_commit_retries=REBASE_RETRIES),
                     post_commithook_properties=COMMIT_HOOKS)
-                before = dt.version()
-                version = _committed_version(queue, before, metadata["cues.commit"])
+                version = _committed_version(queue, dt, before, metadata["cues.commit"])
         except CommitFailedError:
-            # Step 5
+            # Step 5 (the back-off sleeps outside the lock)
             time.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 0.25)
             continue
@@ -309,10 +311,12 @@ def commit_files(
         "retry later", queue=queue.name, partitions=sorted(parts))
 
 
-def _committed_version(queue: Queue, before: int, token: str) -> int | None:
-    """The version of the commit carrying ``token`` (``create_write_transaction`` returns none and
-    delta-rs may have rebased it over other writers' commits): searched among the new ones."""
-    dt = queue.refresh()
+def _committed_version(queue: Queue, dt: DeltaTable, before: int, token: str) -> int | None:
+    """The version of the commit carrying ``token``, committed on snapshot ``dt`` of version
+    ``before`` (inside ``queue.writing()``). ``create_write_transaction`` returns no version and
+    leaves ``dt`` where it was, and delta-rs may have rebased the commit over other writers'
+    commits: ``dt`` is moved to the newest version and every commit since ``before`` searched."""
+    dt.update_incremental()
     for entry in dt.history(max(dt.version() - before, 1)):
         if entry.get("cues.commit") == token:
             return int(entry["version"])

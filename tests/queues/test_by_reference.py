@@ -124,3 +124,48 @@ def test_a_dense_file_in_another_order_is_accepted_and_reads_back_sorted(make_qu
     table = q.read_arrow(partition="0")
     assert table[OFFSET].to_pylist() == [0, 1, 2, 3] and table["id"].to_pylist() == [0, 1, 2, 3]
     assert verify_log(q) == []
+
+
+def test_commits_by_reference_through_a_shared_handle_keep_offsets_dense_and_name_their_version(
+        make_queue, lake) -> None:
+    """Threads of one handle: one commits written files by reference (append_written), one
+    appends rows, and another handle appends to another partition (delta-rs rebases over it).
+    The offsets checked on the snapshot and the commit built on it are one step under the
+    handle's lock: partition 0 stays dense with every row once, and each commit by reference
+    reports the version whose commit carries its token (searched from before the commit)."""
+    from deltalake import DeltaTable
+
+    from tests.queues.test_threads import assert_dense, run_threads
+
+    q = make_queue("out", partitions=("0", "1"))
+    other = lake.queue("out")  # a second handle: its commits are rebased over, never conflict
+    by_reference = []
+
+    def commit_written() -> None:
+        for i in range(15):
+            start = q.next_offset("0")
+            ids = [10_000 + 2 * i, 10_000 + 2 * i + 1]
+            rel = write_file(q, f"_partition=0/s/{i}.parquet", [start, start + 1], ids=ids)
+            part = verify_written(q, "0", start, [read_footer(q, rel)])
+            by_reference.append(append_written(q, {"0": part}, delivery_hash="h"))
+
+    def append_rows() -> None:
+        for i in range(15):
+            q.append(rows(20_000 + i, 1), partition="0")
+
+    def append_other() -> None:
+        for i in range(15):
+            other.append(rows(30_000 + i, 1), partition="1")
+
+    run_threads([commit_written, append_rows, append_other])
+    assert assert_dense(q.uri, ("0", "1")) == {"0": 45, "1": 15}
+    ids = DeltaTable(q.uri).to_pyarrow_table()["id"].to_pylist()
+    assert sorted(ids) == sorted([*range(10_000, 10_030), *range(20_000, 20_015),
+                                  *range(30_000, 30_015)])
+    history = {h["version"]: h for h in DeltaTable(q.uri).history()}
+    committed = [r for r in by_reference if "cues.commit" in r.metadata]
+    assert committed, "no commit by reference landed (all 15 rewritten)"
+    for result in committed:
+        assert result.version is not None
+        assert history[result.version].get("cues.commit") == result.metadata["cues.commit"]
+    assert q.next_offset("0") == 45 and verify_log(q) == []
