@@ -15,9 +15,12 @@ Delivery contract of one send of batch ``B`` under ``(producer id P, epoch E, se
    the options known and of their types. A bad one raises ``InvalidArgumentError`` (schema.py)
    before anything below: no epoch opened, nothing pending, the instance as it was.
 1. Open (once per instance, before its first send): read ``pepoch:P`` (``e``, or none) and commit
-   ``pepoch:P = e + 1`` alone; ``E = e + 1``; then read ``prod:P`` for the next sequence. Two opens racing both carry ``pepoch:P``: delta-rs rejects the second
-   with a concurrent-transaction conflict, which re-reads and takes the next epoch. Each opened
-   instance therefore holds a distinct epoch, and the newest open holds the largest.
+   ``pepoch:P = e + 1`` alone, on the snapshot ``e`` was read from (both under the handle's lock,
+   ``Queue.writing``); ``E = e + 1``; then read ``prod:P`` for the next sequence. Two opens racing
+   in two processes (or handles) both carry ``pepoch:P``: delta-rs rejects the second with a
+   concurrent-transaction conflict, which re-reads and takes the next epoch; two threads of one
+   handle take turns on the lock. Each opened instance therefore holds a distinct epoch, and the
+   newest open holds the largest.
 2. Digest ``D = batch_digest(B)`` over the conformed Arrow payload (partitions sorted).
 3. If this instance has a failed send pending (``S'``, ``D'``), only ``S = S'`` with ``D = D'`` is
    accepted; anything else raises :class:`PendingSendError` and writes nothing.
@@ -147,11 +150,13 @@ def open_epoch(queue: Queue, producer_id: str, *, max_attempts: int = 200) -> in
     app_id = epoch_app_id(producer_id)
     delay = 0.002
     for _ in range(max_attempts):
-        dt = queue.refresh()
-        newest = dt.transaction_version(app_id)
-        epoch = 0 if newest is None else int(newest) + 1
         try:
-            with queue._lock:
+            # the newest epoch read and the next one committed on the same snapshot, under the
+            # handle's lock: another thread of this handle cannot commit the same epoch in between
+            # (its commit would move the snapshot and delta-rs would see no conflict)
+            with queue.writing() as dt:
+                newest = dt.transaction_version(app_id)
+                epoch = 0 if newest is None else int(newest) + 1
                 write_deltalake(
                     dt,
                     queue.table_schema.empty_table(),
@@ -165,7 +170,7 @@ def open_epoch(queue: Queue, producer_id: str, *, max_attempts: int = 200) -> in
                     ),
                     post_commithook_properties=COMMIT_HOOKS,
                 )
-        except CommitFailedError:
+        except CommitFailedError:  # another process opened it first: read the newest again
             time.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 0.25)
             continue

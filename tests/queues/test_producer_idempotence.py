@@ -342,3 +342,28 @@ def test_digest_of_nulls_does_not_depend_on_the_builder(make_queue) -> None:
     assert a == b
     zero = [{"amount": 0.0, "when": None}, {"amount": 1.5, "when": None}]  # 0.0 is not null
     assert a != batch_digest(prepare_batches(q, {"0": zero}))
+
+
+def test_threads_opening_one_producer_id_through_one_handle_get_distinct_epochs(make_queue) -> None:
+    """Issue 22 item 4, the epoch's side: the read of ``pepoch:p`` and the commit of the next epoch
+    are one step under the handle's lock (``Queue.writing``). Without it two threads read the same
+    newest epoch, the second commits on the snapshot the first moved, delta-rs sees no conflict,
+    and both instances hold the same epoch: neither is fenced."""
+    from tests.queues.test_threads import run_threads
+
+    q = make_queue()
+    rounds, threads = 5, 4
+    for round_ in range(rounds):
+        producers = [q.producer(producer_id="p") for _ in range(threads)]
+        run_threads([p.open for p in producers])
+        epochs = sorted(p.epoch for p in producers)
+        assert epochs == list(range(round_ * threads, (round_ + 1) * threads)), epochs
+        assert q.refresh().transaction_version("pepoch:p") == epochs[-1]
+        newest = max(producers, key=lambda p: p.epoch)
+        for older in producers:
+            if older is not newest:
+                with pytest.raises(ProducerFencedError) as info:
+                    older.send(rows(9, 1), partition="0")
+                assert info.value.epoch == older.epoch and info.value.newest == newest.epoch
+        assert newest.send(rows(round_, 1), partition="0").ranges == {"0": (round_, round_ + 1)}
+    assert ids(q) == list(range(rounds))
