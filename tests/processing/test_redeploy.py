@@ -252,3 +252,48 @@ def test_a_step_stores_its_position_under_the_queue_partition_it_read(spark, lak
     home = lake.queue("b")
     assert home.refresh().transaction_version(legacy_pos_app_id("p", "src")) is None
     assert home.refresh().transaction_version(pos_app_id("p", "a", "0")) == 10
+
+
+def test_cues_processor_ls_and_forget(spark, lake):
+    """The way out the errors name, as an operator runs it: ``cues processor forget ID`` refuses
+    without ``--yes`` and then forgets the id, after which the refused graph runs."""
+    from click.testing import CliRunner
+
+    from cues_platform.cli import main
+
+    lanes_then(lake, spark, zero=3, x=2)
+    cli = CliRunner()
+    listed = cli.invoke(main, ["processor", "ls", "--lake", lake.root])
+    assert listed.exit_code == 0 and "p.x" in listed.output and "src=a/x" in listed.output
+    refused = cli.invoke(main, ["processor", "forget", "p.x", "--lake", lake.root])
+    assert refused.exit_code == 2 and "pass --yes" in refused.output
+    done = cli.invoke(main, ["processor", "forget", "p.x", "--yes", "--lake", lake.root])
+    assert done.exit_code == 0 and "forgot p.x" in done.output
+    run(lake, spark, graph(mapper(In("a", "x"))))  # on purpose: a/x is delivered again by p
+    assert ids(lake) == sorted([*range(3), 1_000, 1_001, 1_000, 1_001])
+
+
+def test_cues_queue_maintain_keeps_an_idle_processors_step_records(spark, lake):
+    """``cues queue maintain`` drops log entries older than the retention by the local clock: on
+    a home queue it digests every processor's step commits first, so a processor idle for longer
+    than the retention (here: a retention of 0 hours) loses no step record."""
+    from click.testing import CliRunner
+
+    from cues_platform.cli import main
+    from cues_platform.processing.history import log_records, processor_history
+
+    g = graph(mapper(In("a", "0"), pid="quiet"))
+    GraphRunner(graph=g, lake=lake, spark=spark)
+    lake.queue("a").append(rows(0, 3), partition="0")
+    run(lake, spark, g)
+    home = lake.queue("b")
+    home.refresh().alter.set_table_properties({"delta.logRetentionDuration": "interval 0 hours"})
+    from cues_platform.processing.home import fence_home
+
+    for i in range(3):  # newer (empty) commits, so quiet's step commit lies below the checkpoint
+        assert fence_home(home, f"other{i}", 0) is None
+    result = CliRunner().invoke(main, ["queue", "maintain", "b", "--lake", lake.root])
+    assert result.exit_code == 0, result.output
+    assert log_records(lake.queue("b"))[0] == {}  # its log entry is gone ...
+    assert [r.step for r in processor_history(lake, "quiet") if r.is_attempt] == [0]  # ... its record not
+    assert audit(lake).ok
