@@ -1,13 +1,15 @@
 """What a record claims, checked against the lake (issue 22 item 7): the records are data, and a
 damaged or forged one must fail the audit, not pass it.
 
-- [outside_lake]: every staged file an attempt record names is a file of the staging folder of
-  that attempt's own step (``.../_cues/staging/{processor}/{step}-{hash8}/{name}``, no ``..``).
-  For an attempt that recovery may still read (not delivered yet), the folder must be the one in
-  *this* lake (:func:`cues_platform.processing.outputs.confine_staged`, the check recovery makes
-  before it reads one); a delivered attempt's files were removed after its commit and are never
-  read again, so its records may name the lake's earlier location (a lake moved or restored
-  elsewhere). The data files a table's Delta log names are checked by :mod:`.storage` (step 5).
+- [outside_lake]: every staged file that an attempt recovery may still read (not delivered yet)
+  names is a file of the staging folder of that attempt's own step in *this* lake
+  (:func:`cues_platform.processing.outputs.confine_staged`, the check recovery makes before it
+  reads one). A delivered attempt's files were removed after its commit and are never read
+  again: its record may name the lake's earlier location (a lake moved or restored elsewhere)
+  and is checked only on request (``shape_of_delivered``: a file of a step folder
+  ``.../_cues/staging/{p}/{step}-{hash8}/`` of any root, the layout every version wrote; test
+  fixtures of older protocols name placeholders). The data files a table's Delta log names are
+  checked by :mod:`.storage`.
 - [rows_without_input]: a step that read no input offset produced no row. Every snapshot the
   protocol plans reads at least one offset (map, join, fork and sink steps wait until every input
   has data; an alts step reads its chosen binding; a source has no inputs and no backing queue),
@@ -31,12 +33,17 @@ from cues_platform.queues.confine import PathOutsideLakeError
 
 
 def staged_file_checks(lake: Lake, pid: str, attempts: Iterable[Record],
-                       delivered: Iterable[Record] = ()) -> list[Violation]:
-    """[outside_lake] for every staged file an attempt names outside its step's staging folder
-    (in this lake, unless the attempt is one of ``delivered``)."""
+                       delivered: Iterable[Record] = (), *, shape_of_delivered: bool = False
+                       ) -> list[Violation]:
+    """[outside_lake] for every staged file an attempt that is not one of ``delivered`` names
+    outside its step's staging folder in this lake (``shape_of_delivered``: and every file a
+    delivered attempt names that is not a file of a folder ``.../_cues/staging/{p}/{step}-{h8}``
+    of any lake root)."""
     bad: list[Violation] = []
     done = {rec.hash for rec in delivered}
     for rec in attempts:
+        if rec.hash in done and not shape_of_delivered:
+            continue
         files = rec.outputs.get("files") or {}
         if not isinstance(files, Mapping):
             continue

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cues_platform.audit import audit
+from cues_platform.audit.trust import staged_file_checks
 from cues_platform.processing import BackingQueue, Range, Record, RecordType
 from cues_platform.processing.backing import Snapshot
 from cues_platform.processing.home import commit_step, fence_home
@@ -64,13 +65,21 @@ def test_the_reviews_forged_and_delivered_record_fails_the_audit(tmp_path: Path)
     pq.write_table(EVIL, evil)
     snapshot = forge(lake, epoch, str(evil), deliver=True)
     report = audit(lake)
-    assert {v.kind for v in report.violations} == {"outside_lake", "rows_without_input"}, report.to_text()
-    (outside,) = report.by_kind("outside_lake")
-    assert (outside.processor, outside.step, outside.hash, outside.file) == (
-        "p", 1, snapshot.delivery_hash, str(evil))
-    (nothing,) = report.by_kind("rows_without_input")
-    assert (nothing.processor, nothing.step, nothing.queue) == ("p", 1, "c")
+    (nothing,) = report.violations
+    assert (nothing.kind, nothing.processor, nothing.step, nothing.queue, nothing.hash) == (
+        "rows_without_input", "p", 1, "c", snapshot.delivery_hash)
     assert "a/0 [15, 15)" in nothing.message and "c/0" in nothing.message
+    # a delivered attempt's staged files are gone and never read again: their names are checked
+    # on request only (a moved lake's records keep its old root), and then this one is refused
+    attempt = [r for r in BackingQueue(lake, "p").records() if r.step == 1]
+    (outside,) = staged_file_checks(lake, "p", attempt, attempt, shape_of_delivered=True)
+    assert (outside.kind, outside.step, outside.hash, outside.file) == (
+        "outside_lake", 1, snapshot.delivery_hash, str(evil))
+    moved = lake.system_uri("staging", "p", f"{1:012d}-{snapshot.delivery_hash[:8]}", "c--0--x.parquet")
+    moved = moved.replace(lake.root, "/elsewhere/lake")
+    renamed = [Record(r.type, r.snapshot, r.epoch, {"files": {"c": {"0": moved}}, "rows": r.outputs["rows"]})
+               for r in attempt]
+    assert staged_file_checks(lake, "p", renamed, renamed, shape_of_delivered=True) == []
     assert audit_exit_code(lake) == 1
 
 
