@@ -26,7 +26,6 @@ from cues_platform.errors import ConfigurationError
 from cues_platform.queues.creation import create_table_once
 from cues_platform.queues.errors import (
     InvalidNameError,
-    LogIntegrityError,
     MissingLogError,
     QueueExistsError,
     QueueNotFoundError,
@@ -35,9 +34,9 @@ from cues_platform.queues.faults import translated
 from cues_platform.queues.filesystems import filesystem_for
 from cues_platform.queues.integrity import (
     TableStorage,
-    check_commits,
+    diagnose_unloadable,
     leftover_content,
-    newest_checkpoint,
+    open_delta_table,
 )
 from cues_platform.queues.maintenance import NO_LOG_CLEANUP_PROPERTY
 from cues_platform.queues.names import join_uri, validate_name, validate_partition
@@ -246,11 +245,15 @@ class Lake:
     def open_table(self, uri: str, *, what: str, version: int | None = None) -> DeltaTable:
         """Open a Delta table; a lost or damaged log is a typed error naming the file.
 
-        Raises :class:`QueueNotFoundError` (nothing there), :class:`MissingLogError` (files but
-        no log) or :class:`LogIntegrityError` (a commit entry that cannot be read)."""
+        A torn or missing checkpoint falls back to the previous checkpoint (or the commits) when
+        every later commit entry is present (the damaged file is moved aside,
+        :func:`~cues_platform.queues.integrity.open_delta_table`). Raises
+        :class:`QueueNotFoundError` (nothing there), :class:`MissingLogError` (files but no log)
+        or :class:`LogIntegrityError` (a checkpoint or commit entry that cannot be read and cannot
+        be done without)."""
         try:
             with translated(table=what, uri=uri, during="open"):
-                return DeltaTable(uri, version=version, storage_options=self.options)
+                return open_delta_table(uri, self.options, what=what, version=version)
         except TableNotFoundError as exc:
             self.refuse_lost_log(uri, what=what)
             raise QueueNotFoundError(
@@ -261,25 +264,9 @@ class Lake:
 
     def diagnose_log(self, uri: str, *, what: str, error: Exception) -> Exception:
         """The error to raise when delta-rs cannot load a table's log: a
-        :class:`LogIntegrityError` naming the damaged commit when one is found, else ``error``."""
-        storage = TableStorage(uri, self.options)
-        entries = [int(n[:-5]) for n in storage.log_entries() if n.endswith(".json") and n[:-5].isdigit()]
-        if not entries:
-            return error
-        newest = max(entries)
-        start = newest_checkpoint(storage, newest)
-        versions = range(max(0 if start is None else start + 1, newest - 200), newest + 1)
-        problems = check_commits(what, storage, versions, files=False)
-        if not problems:
-            return error
-        first = problems[0]
-        return LogIntegrityError(
-            f"{what}: the Delta log at {uri} cannot be read: {first.detail.split(';')[0]} "
-            f"({storage.location(first.path or '')}); restore that file from a backup before using "
-            f"the queue again. delta-rs said: {str(error).splitlines()[0]}",
-            table=what, path=storage.location(first.path or ""), version=first.version,
-            problems=problems)
-
+        :class:`LogIntegrityError` naming the damaged checkpoint or commit entry and what to do
+        when one is found, else ``error`` (:func:`~cues_platform.queues.integrity.diagnose_unloadable`)."""
+        return diagnose_unloadable(TableStorage(uri, self.options), what=what, error=error)
 
 STATS_COLUMNS = f"{OFFSET},{TXN_ID},{APPEND_TIME}"
 

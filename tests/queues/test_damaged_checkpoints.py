@@ -81,6 +81,42 @@ def test_a_damaged_newest_checkpoint_of_a_queue_falls_back_to_the_previous_one(l
     assert verify_log(fresh) == []
 
 
+@pytest.mark.parametrize("damage", ["torn", "missing"])
+def test_a_queue_whose_newest_checkpoint_is_damaged_opens_through_the_lake_and_appends_go_on(
+        lake, damage) -> None:
+    """The review's case through the public API: ``Lake.queue`` (delta-rs alone: "Corrupt
+    footer", naming no file) loads from the previous checkpoint plus every later commit, and the
+    next appends take the next offsets, nothing lost, nothing reused."""
+    q = _queue_with_checkpoints(lake)
+    newest = _checkpoints(q.uri)[-1]
+    if damage == "torn":
+        _tear(newest)
+    else:
+        newest.unlink()
+    _load_error(q.uri)  # delta-rs alone cannot load it
+    fresh = Lake(root=lake.root).queue("orders")
+    assert fresh.version() == 12 and fresh.next_offset("0") == 12
+    for i in range(12, 15):
+        assert fresh.append(rows(i, 1), partition="0").ranges == {"0": (i, i + 1)}
+    got = fresh.read_arrow(partition="0")
+    assert got["_offset"].to_pylist() == list(range(15)) and got["id"].to_pylist() == list(range(15))
+    assert find_checkpoint_damage(TableStorage(q.uri)) is None and verify_log(fresh) == []
+    again = Lake(root=lake.root).queue("orders")  # and it opens again, without falling back
+    assert again.next_offset("0") == 15
+
+
+def test_a_queue_whose_damaged_checkpoint_cannot_be_done_without_is_refused_by_the_lake(lake) -> None:
+    q = _queue_with_checkpoints(lake)
+    torn = _checkpoints(q.uri)[-1]
+    _tear(torn)
+    (_log(q.uri) / f"{7:020d}.json").unlink()
+    with pytest.raises(LogIntegrityError) as info:
+        Lake(root=lake.root).queue("orders")
+    message = str(info.value)
+    assert "\n" not in message and torn.name in message and f"{7:020d}.json" in message
+    assert "from a backup" in message and info.value.path.endswith(torn.name)
+
+
 def test_a_torn_checkpoint_with_a_missing_commit_after_the_previous_one_fails_naming_both(lake) -> None:
     q = _queue_with_checkpoints(lake)
     torn = _checkpoints(q.uri)[-1]

@@ -259,8 +259,10 @@ def test_a_newest_commit_truncated_mid_json_refuses_appends_and_opening_names_it
     _assert_refused(q, newest.name)
     with pytest.raises(LogIntegrityError) as info:
         Lake(root=lake.root).queue("orders")  # delta-rs cannot load it: the error says which file
-    assert newest.name in str(info.value) and "truncated or not JSON" in str(info.value)
-    assert info.value.version == 2
+    message = str(info.value)
+    assert "\n" not in message and newest.name in message and "truncated or not JSON" in message
+    assert "restore that file from a backup before using the table again" in message  # what to do
+    assert info.value.version == 2 and info.value.path.endswith(newest.name)
 
 
 def test_a_commit_that_lost_its_last_lines_is_detected_by_its_declared_ranges(lake) -> None:
