@@ -185,8 +185,11 @@ def append_batches(
     if opts.digest is not None:
         metadata["cues.digest"] = opts.digest
     delay = 0.002
-    # a store that stops answering (after delta-rs' retries) is one typed error, wherever it hits
-    with translated(table=f"queue {queue.name!r}", uri=queue.uri, during="commit"):
+    # a store that stops answering (after delta-rs' retries) is one typed error, wherever it hits,
+    # with the advice of this path: a producer's send is resent as is (its sequence makes a landed
+    # one a no-op), a plain append is never resent blindly (faults.CONSEQUENCE)
+    during = "send" if opts.producer_id is not None else "commit"
+    with translated(table=f"queue {queue.name!r}", uri=queue.uri, during=during):
         for attempt in range(1, max_attempts + 1):
             try:
                 # Steps 1-4 under the handle's lock: no other thread of this handle moves the
