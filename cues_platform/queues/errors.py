@@ -69,6 +69,18 @@ class OffsetRangeError(QueueError):
     """A read asked for offsets outside what the partition holds."""
 
 
+class InvalidArgumentError(QueueError):
+    """A call got an argument of the wrong type or value and was refused before anything changed.
+
+    Not retryable as is: pass what the message says. Carries ``call``, ``argument``, ``value``,
+    ``expected`` and ``queue`` (when known)."""
+
+
+class InvalidRangeError(InvalidArgumentError, OffsetRangeError):
+    """An offset, a count of messages or a range that is not one (a float, a bool, a string, a
+    negative number, an end before its start)."""
+
+
 class ConcurrentAppendError(QueueError):
     """Another writer kept winning the same partition's offsets; retrying later can succeed."""
 

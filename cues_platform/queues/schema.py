@@ -17,9 +17,9 @@ import pyarrow as pa
 
 from cues_platform.queues.errors import (
     BatchError,
+    InvalidArgumentError,
+    InvalidRangeError,  # noqa: F401 - defined in errors.py; reader and tailer import it from here
     NullValueError,
-    OffsetRangeError,
-    QueueError,
     ReservedColumnError,
     SchemaError,
 )
@@ -270,18 +270,6 @@ def conform(data: Any, payload: pa.Schema, *, queue: str, max_rows: int) -> pa.T
 # typed error naming the call, the argument, the value and what to pass, and the object stays
 # usable. bool is an int subclass but never a valid count, offset or sequence; NumPy integers are.
 E = TypeVar("E", bound=Enum)
-
-
-class InvalidArgumentError(QueueError):
-    """A call got an argument of the wrong type or value and was refused before anything changed.
-
-    Not retryable as is: pass what the message says. Carries ``call``, ``argument``, ``value``,
-    ``expected`` and ``queue`` (when known)."""
-
-
-class InvalidRangeError(InvalidArgumentError, OffsetRangeError):
-    """An offset, a count of messages or a range that is not one (a float, a bool, a string, a
-    negative number, an end before its start)."""
 
 
 def argument_error(

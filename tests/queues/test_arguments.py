@@ -16,7 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cues_platform.queues import (
+    InvalidArgumentError,
     InvalidNameError,
+    InvalidRangeError,
     NullValueError,
     OffsetRangeError,
     Producer,
@@ -29,7 +31,6 @@ from cues_platform.queues import (
 )
 from cues_platform.queues.errors import PositionRangeError
 from cues_platform.queues.producer import AsyncProducer
-from cues_platform.queues.schema import InvalidArgumentError, InvalidRangeError
 from tests.support import rows
 
 
@@ -298,7 +299,12 @@ def test_no_bad_sequence_ever_wedges_a_producer(make_queue, values) -> None:
 
 
 def test_invalid_range_errors_are_offset_range_errors(make_queue) -> None:
-    """Callers that caught OffsetRangeError for a bad range still do."""
+    """Callers that caught OffsetRangeError for a bad range still do; the classes live in
+    queues/errors.py (exported by cues_platform.queues) and schema.py's names are the same."""
+    from cues_platform.queues import errors, schema
+
+    assert (schema.InvalidArgumentError, schema.InvalidRangeError) == (
+        errors.InvalidArgumentError, errors.InvalidRangeError) == (InvalidArgumentError, InvalidRangeError)
     q = make_queue()
     with pytest.raises(OffsetRangeError) as info:
         q.read_arrow(partition="0", start=5, end=2)
