@@ -49,6 +49,7 @@ from cues_platform.queues.errors import BatchError, ConcurrentAppendError
 from cues_platform.queues.faults import translated
 from cues_platform.queues.maintenance import COMMIT_HOOKS
 from cues_platform.queues.schema import (
+    APPEND_OPTIONS,
     APPEND_TIME,
     DEFAULT_MESSAGE_TYPE,
     DELIVERY_HASH,
@@ -58,6 +59,8 @@ from cues_platform.queues.schema import (
     PRODUCER_ID,
     PRODUCER_SEQ,
     TXN_ID,
+    argument_error,
+    check_options,
     conform,
 )
 
@@ -145,8 +148,14 @@ def _with_metadata(
     return out
 
 
-def prepare_batches(queue: Queue, batches: Mapping[str, Any]) -> dict[str, pa.Table]:
-    """Validate and conform each partition's batch (before any offset is taken)."""
+def prepare_batches(
+    queue: Queue, batches: Mapping[str, Any], *, call: str = "Queue.append_many"
+) -> dict[str, pa.Table]:
+    """Validate and conform each partition's batch (before any offset is taken). ``call`` names
+    the public call in the error for ``batches`` that is not a mapping."""
+    if not isinstance(batches, Mapping):
+        raise argument_error(call, "batches", batches, f"a {type(batches).__name__}",
+                             "a dict {partition: batch}", queue=queue.name)
     if not batches:
         raise BatchError(f"queue {queue.name!r}: nothing to append", queue=queue.name)
     prepared: dict[str, pa.Table] = {}
@@ -171,8 +180,18 @@ def append_batches(
     """Append ``{partition: batch}`` to ``queue`` in one Delta commit. See the module docstring.
 
     ``allow_empty``: with no batch at all, commit no rows but still the app transactions and the
-    metadata (a processor's nil step); without it, an empty call is a :class:`BatchError`."""
-    opts = AppendOptions(**options)
+    metadata (a processor's nil step); without it, an empty call is a :class:`BatchError`.
+
+    Every option is checked first (an unknown or mistyped one is an
+    :class:`~cues_platform.queues.errors.InvalidArgumentError` naming it), before anything is
+    read or written."""
+    own = {"guards": guards, "max_attempts": max_attempts, "prepared": prepared,
+           "allow_empty": allow_empty}
+    checked = check_options({**options, **own}, call="Queue.append", allowed=APPEND_OPTIONS,
+                            queue=queue.name)
+    guards, max_attempts = checked["guards"], checked["max_attempts"]
+    prepared, allow_empty = checked["prepared"], checked["allow_empty"]
+    opts = AppendOptions(**{k: v for k, v in checked.items() if k not in own})
     if allow_empty and not batches:
         tables: dict[str, pa.Table] = {}
     else:

@@ -440,12 +440,13 @@ _OPTION_CHECKS: dict[str, Callable[..., Any]] = {
     "guards": lambda v, **k: _check_guards(v, **k),
     "producer_id": lambda v, **k: check_text(v, optional=True, **k),
     "sequence": lambda v, **k: None if v is None else check_int(v, **k),
+    "digest": lambda v, **k: check_text(v, optional=True, **k),
     "prepared": lambda v, **k: _check_flag(v, **k),
     "allow_empty": lambda v, **k: _check_flag(v, **k),
 }
 SEND_OPTIONS = ("delivery_hash", "message_type", "txn_id", "commit_metadata", "max_attempts")
 APPEND_OPTIONS = (*SEND_OPTIONS, "app_transactions", "guards", "producer_id", "sequence",
-                  "prepared", "allow_empty")
+                  "digest", "prepared", "allow_empty")
 
 
 def _check_flag(value: Any, *, call: str, argument: str, queue: str | None) -> bool:

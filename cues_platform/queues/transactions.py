@@ -57,6 +57,7 @@ from cues_platform.queues.lake import Lake
 from cues_platform.queues.maintenance import COMMIT_HOOKS
 from cues_platform.queues.names import validate_id
 from cues_platform.queues.positions import SystemTable
+from cues_platform.queues.schema import SEND_OPTIONS, argument_error, check_options
 
 if TYPE_CHECKING:
     from cues_platform.queues.queue import Queue
@@ -303,10 +304,18 @@ class TransactionalProducer:
         return self.send_many(queue, {partition: data}, **options)
 
     def send_many(self, queue: Queue, batches: Mapping[str, Any], **options: Any) -> AppendResult:
+        """Send ``{partition: batch}`` to ``queue`` in the open transaction (one commit).
+
+        ``options``: ``delivery_hash``, ``message_type``, ``commit_metadata``, ``max_attempts``
+        (and ``sequence``, ``guards``, ``app_transactions`` as :meth:`Producer.send_many`). Every
+        argument is checked before anything is read or written: ``txn_id`` is the open
+        transaction's, set by the producer, so passing one is an
+        :class:`~cues_platform.queues.errors.InvalidArgumentError`, as is an unknown option."""
+        _check_send_options(options, queue=getattr(queue, "name", None))
         if self.txn_id is None:
             raise TransactionStateError("send() outside a transaction: call begin() first")
         self._check_epoch(self.coordinator.snapshot())
-        tables = prepare_batches(queue, batches)
+        tables = prepare_batches(queue, batches, call=SEND_CALL)
         sender = self._senders.get(queue.name)
         if sender is None:
             sender = SequenceState(queue, producer_id=self.producer_id)
@@ -394,6 +403,23 @@ class TransactionalProducer:
         for name in queues:
             queue = self._touched.get(name) or self.lake.queue(name)
             write_marker(queue, txn, status)
+
+
+SEND_CALL = "TransactionalProducer.send"
+# the send options a caller may pass (txn_id and after_commit are the producer's own)
+SEND_ARGUMENTS = (*(o for o in SEND_OPTIONS if o != "txn_id"), "sequence", "guards",
+                  "app_transactions")
+
+
+def _check_send_options(options: Mapping[str, Any], *, queue: str | None) -> None:
+    """Refuse ``txn_id`` (the producer sets it: Python would raise "got multiple values for
+    keyword argument") and any option a send does not take, each by name, before anything."""
+    if "txn_id" in options:
+        raise argument_error(
+            SEND_CALL, "txn_id", options["txn_id"],
+            "set by the producer (its rows carry the open transaction's id)",
+            "no txn_id: begin() opens the transaction whose id every send carries", queue=queue)
+    check_options(options, call=SEND_CALL, allowed=SEND_ARGUMENTS, queue=queue)
 
 
 class _AlreadyDecided(Exception):  # noqa: N818 - internal signal of _decide's guard, never raised out

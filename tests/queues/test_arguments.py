@@ -27,6 +27,7 @@ from cues_platform.queues import (
     ReservedColumnError,
     SchemaError,
     Tailer,
+    TransactionalProducer,
     UnknownPartitionError,
 )
 from cues_platform.queues.errors import PositionRangeError
@@ -57,6 +58,20 @@ def async_send(ctx: Ctx, **kwargs: object) -> object:
         return producer.send(rows(9, 1), partition="0", **kwargs)
     finally:
         producer.close()
+
+
+def txn_send(ctx: Ctx, *, batches: object = None, **kwargs: object) -> object:
+    """A send in an open transaction of a transactional producer; the transaction is aborted after
+    (a refused send touched no queue, so the abort writes no marker on it)."""
+    producer = TransactionalProducer(ctx.queue.lake, transactional_id="tx")
+    producer.init_transactions()
+    producer.begin()
+    try:
+        if batches is not None:
+            return producer.send_many(ctx.queue, batches, **kwargs)
+        return producer.send(ctx.queue, rows(9, 1), partition="0", **kwargs)
+    finally:
+        producer.abort()
 
 
 # The data argument (through Producer.send and Queue.append alike): what each wrong shape must be.
@@ -116,6 +131,27 @@ CASES: dict[str, Bad] = {
     "async-send-sequence": Bad(lambda c: async_send(c, sequence=0), InvalidArgumentError, "sequence=0"),
     "async-send-option": Bad(lambda c: async_send(c, message_type="m"), InvalidArgumentError,
                              "message_type='m'"),
+    # Queue.append / append_many
+    "append-unknown-option": Bad(lambda c: c.queue.append(rows(2, 1), partition="0", bogus=1),
+                                 InvalidArgumentError, "bogus=1"),
+    "append-message-type-int": Bad(lambda c: c.queue.append(rows(2, 1), partition="0", message_type=5),
+                                   InvalidArgumentError, "message_type=5"),
+    "append-max-attempts-zero": Bad(lambda c: c.queue.append(rows(2, 1), partition="0", max_attempts=0),
+                                    InvalidArgumentError, "max_attempts=0"),
+    "append-guards-not-callable": Bad(lambda c: c.queue.append(rows(2, 1), partition="0", guards=[1]),
+                                      InvalidArgumentError, "guards=[1]"),
+    "append-sequence-float": Bad(lambda c: c.queue.append(rows(2, 1), partition="0", producer_id="p",
+                                                          sequence=1.0),
+                                 InvalidArgumentError, "sequence=1.0"),
+    "append-many-not-a-mapping": Bad(lambda c: c.queue.append_many([rows(2, 1)]),
+                                     InvalidArgumentError, "batches=["),
+    # TransactionalProducer.send
+    "txn-send-txn-id": Bad(lambda c: txn_send(c, txn_id="mine"), InvalidArgumentError, "txn_id='mine'"),
+    "txn-send-after-commit": Bad(lambda c: txn_send(c, after_commit=print), InvalidArgumentError,
+                                 "after_commit=<built-in function print>"),
+    "txn-send-unknown-option": Bad(lambda c: txn_send(c, acks="all"), InvalidArgumentError, "acks='all'"),
+    "txn-send-many-not-a-mapping": Bad(lambda c: txn_send(c, batches=[rows(2, 1)]), InvalidArgumentError,
+                                       "batches=["),
     # Queue.producer / Producer() / AsyncProducer()
     "producer-id-empty": Bad(lambda c: c.queue.producer(producer_id=""), InvalidNameError, "producer_id=''"),
     "producer-id-blank": Bad(lambda c: c.queue.producer(producer_id="  "), InvalidNameError,
