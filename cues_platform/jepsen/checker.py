@@ -36,6 +36,13 @@ Checks (each PASS/FAIL with examples):
    lane read and wrote its own partition); every sink row was applied by the ``store`` lane of
    that partition; every error row's input ranges are in the partition of the lane that wrote
    it.
+8. ``redeploy``: no graph change changed the meaning silently. Every incompatible version the
+   redeploy nemesis started was refused with the expected RedeployError subclass, and no
+   compatible one was refused (but for a step in flight, which defers it); every version of the
+   registry ``_cues/deployments`` (read version by version) holds only shapes of the compatible
+   versions (a lane of the workload, exactly_once, its home and the queue partitions it reads);
+   no backing queue of any other processor id exists, and the incompatible version's own queue
+   ``enriched_v2`` holds no row: nothing ran under an incompatible version.
 """
 
 from __future__ import annotations
@@ -66,11 +73,13 @@ class Expectation:
     known_keys: frozenset[str]
     partition_of: Mapping[str, str]  # every planned key (aborted ones too) -> its partition
     is_rejected: Callable[[str], bool] = w.is_rejected
+    redeploys: tuple[dict, ...] = ()  # the redeploy nemesis's records (workload.REDEPLOY_LOG)
 
     @classmethod
     def from_run(cls, plan: w.Plan, run_dir: str | Path) -> Expectation:
         return cls(acked=frozenset(w.acked_keys(plan, run_dir)), aborted_keys=plan.aborted_keys,
-                   known_keys=plan.all_keys, partition_of=plan.partition_of)
+                   known_keys=plan.all_keys, partition_of=plan.partition_of,
+                   redeploys=tuple(w.read_redeploys(run_dir)))
 
 
 @dataclass
@@ -269,6 +278,82 @@ def check_lanes(root: Path, expectation: Expectation, sink: pa.Table | None,
     return result
 
 
+# What each declared processor reads and where it keeps its steps (its first output), restated
+# from the workload's topology: a registry row of a lane must say exactly this.
+_READS = {"merge": (w.SRC_IDEM, w.SRC_TXN), "validate": (w.MERGED,), "split": (w.VALIDATED,),
+          "enrich": (w.LEFT,), "store": (w.RIGHT,)}
+_HOMES = {"merge": w.MERGED, "validate": w.VALIDATED, "split": w.LEFT, "enrich": w.ENRICHED, "store": None}
+
+
+def _registry_versions(path: Path) -> list[tuple[int, pa.Table]]:
+    dt = _open(path)
+    if dt is None:
+        return []
+    return [(v, DeltaTable(str(path), version=v).to_pyarrow_table()) for v in range(dt.version() + 1)]
+
+
+def _shape_problem(row: dict) -> str | None:
+    """Why a registry row is no shape of a compatible version (None: it is one)."""
+    lane, graphs = row["processor"], {v.graph_name for v in w.COMPATIBLE}
+    if row["graph"] not in graphs:
+        return f"recorded by graph {row['graph']!r}, which is not a compatible version"
+    if lane not in w.LANES:
+        return "a processor id no compatible version has"
+    family, part = w.lane_family(lane), w.lane_partition(lane)
+    if row["strategy"] != "exactly_once":
+        return f"strategy {row['strategy']!r}"
+    if row["home"] != _HOMES[family]:
+        return f"home {row['home']!r} (its first output is {_HOMES[family]!r})"
+    reads = {(q, p) for _, q, p in json.loads(row["inputs"])}
+    allowed = {(q, part) for q in _READS[family]}
+    if reads != allowed and not (family == "merge" and reads == allowed | {(w.SPARE, part)}):
+        return f"reads {sorted(reads)} (a lane of partition {part!r} reads {sorted(allowed)})"
+    return None
+
+
+def check_redeploy(root: Path, expectation: Expectation) -> CheckResult:
+    """Check 8: every incompatible version refused, nothing recorded or run under one."""
+    result = CheckResult("redeploy")
+    for record in expectation.redeploys:
+        if record.get("event") == "incompatible":
+            result.checked += 1
+            if record.get("outcome") != "refused" or record.get("error_type") != record.get("expected"):
+                result.fail(f"silent change of meaning: {record.get('runner')} started incompatible "
+                            f"version {record.get('variant')!r} and it was not refused with "
+                            f"{record.get('expected')} ({record.get('decision')}, exit {record.get('rc')}, "
+                            f"{record.get('error_type')}: {str(record.get('error'))[:200]})")
+        elif record.get("event") == "compatible_refused":
+            result.checked += 1
+            result.fail(f"compatible version {record.get('variant')!r} was refused by "
+                        f"{record.get('runner')} with {record.get('error_type')}: "
+                        f"{str(record.get('error'))[:200]}")
+    seen: set[tuple] = set()
+    for version, table in _registry_versions(root / "_cues" / "deployments"):
+        for row in table.to_pylist():
+            key = (row["processor"], row["graph"], row["strategy"], row["home"], row["inputs"])
+            if key in seen:
+                continue
+            seen.add(key)
+            result.checked += 1
+            problem = _shape_problem(row)
+            if problem:
+                result.fail(f"_cues/deployments version {version}: processor {row['processor']!r}: "
+                            f"{problem}: a start under an incompatible version was recorded, not refused")
+    backing = root / "_cues" / "backing"
+    for folder in sorted(backing.iterdir()) if backing.is_dir() else []:
+        result.checked += 1
+        if folder.name not in w.LANES:
+            result.fail(f"backing queue {folder.name!r}: a processor id no compatible version has "
+                        f"(something ran under an incompatible version)")
+    stray = _read(_key_queue(root, w.ENRICHED_V2), ["key"])
+    if stray is not None:
+        result.checked += 1
+        if stray.num_rows:
+            result.fail(f"queue {w.ENRICHED_V2!r} (the home of incompatible version home_enrich) holds "
+                        f"{stray.num_rows} row(s): steps ran under an incompatible version")
+    return result
+
+
 def check_lake(root: str | Path, expectation: Expectation) -> CheckReport:
     """Run every check on the lake at ``root`` (a local folder)."""
     root = Path(root)
@@ -378,7 +463,8 @@ def check_lake(root: str | Path, expectation: Expectation) -> CheckReport:
               "enriched_rows": sum(downstream[w.ENRICHED].values()),
               "sink_rows": 0 if sink is None else sink.num_rows}
     lanes = check_lanes(root, expectation, sink, error_rows)
-    checks = [check_dense_offsets(root), rc, ack, once, err, sink_check, lanes]
+    checks = [check_dense_offsets(root), rc, ack, once, err, sink_check, lanes,
+              check_redeploy(root, expectation)]
     return CheckReport(checks=checks, counts=counts)
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import random
-import sys
 import tempfile
 from pathlib import Path
 
 import click
+
+from cues_platform.audit.exit import exit_with
 
 
 @click.command("jepsen")
@@ -26,8 +27,15 @@ import click
               help="Go on with the faults past --duration until this many kills (at most 180 s more).")
 @click.option("--resend-in-txn", is_flag=True,
               help="Also resend batches inside transactions (a lost ack within a transaction).")
+@click.option("--redeploy", is_flag=True,
+              help="Also redeploy the graph between runner restarts among compatible versions (which "
+                   "must continue exactly once) and incompatible ones (which must be refused).")
+@click.option("--min-redeploys", type=int, default=0, show_default=True,
+              help="With --redeploy: go on past --duration until this many compatible redeploys and "
+                   "incompatible attempts (at most 180 s more).")
 def jepsen(seed: int | None, duration: float, keys: int, workdir: Path | None, lost_ack_rate: float,
-           no_concurrent: bool, no_maintenance: bool, min_kills: int, resend_in_txn: bool) -> None:
+           no_concurrent: bool, no_maintenance: bool, min_kills: int, resend_in_txn: bool,
+           redeploy: bool, min_redeploys: int) -> None:
     """Jepsen-style harness: `cues run` of a 5-processor graph (two partitions per queue, two lanes
     per processor) under SIGKILL/SIGTERM, killed
     feeders, lost acks, concurrent runners and racing maintenance; an independent checker reads the
@@ -39,6 +47,9 @@ def jepsen(seed: int | None, duration: float, keys: int, workdir: Path | None, l
     config = HarnessConfig(seed=seed, workdir=workdir, duration=duration, keys=keys,
                            lost_ack_rate=lost_ack_rate, concurrent=not no_concurrent,
                            maintenance=not no_maintenance, resend_in_txn=resend_in_txn,
-                           min_kills=min_kills)
+                           min_kills=min_kills, redeploy=redeploy, min_redeploys=min_redeploys)
     result = run_harness(config, echo=lambda line: click.echo(line))
-    sys.exit(0 if result.ok else 1)
+    # The verdict is printed and report.json written; the hard exit skips the interpreter's
+    # finalization, where Arrow I/O threads of delta-rs scans (the checker's, the maintenance
+    # thread's) asking for the GIL abort the process with exit 134 (cues_platform/audit/exit.py).
+    exit_with(0 if result.ok else 1)

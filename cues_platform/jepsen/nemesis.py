@@ -21,6 +21,17 @@ speed, so a replay re-runs the same kinds in the same order against the same key
   per partition, then one of the two is killed.
 - Maintenance (a thread): compaction, checkpoints and vacuum (retention 1 h) of random queues via
   the Queue maintenance API, and now and then ``cues queue maintain`` as a child process.
+- ``redeploy`` (with ``--redeploy``): stop the runner and start the graph under another version
+  (``workload.VARIANTS``, ``cues run jepsen_graph.py:graph_<variant>``). Now and then, first an
+  incompatible version, but only once the processor it changes has made progress (its first
+  output has rows): that start must fail with exit 2 and a ``failed`` event naming the expected
+  RedeployError subclass before any lane recovered; a start that recovers a lane (or does not
+  decide within :data:`REFUSAL_TIMEOUT`) is a *silent change of meaning*, killed and recorded.
+  Then always a compatible version (a different one from the current), which must continue.
+  A compatible version whose start is refused with ``StepInFlightError`` (a step recorded under
+  the bindings of the version before: a sink records its snapshot before its function) is
+  deferred: the runner goes back to a version with the bindings of the one before, which finishes
+  the step. Every redeploy is a line of ``redeploys.jsonl`` in the run folder, for the checker.
 - A tailer (a thread) reads each partition of ``enriched`` read_committed and commits its
   position there throughout; every row it reads must be the next offset of that partition and a
   key the plan sends to that partition (lane p of ``enrich`` writes partition p only).
@@ -28,9 +39,12 @@ speed, so a replay re-runs the same kinds in the same order against the same key
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -44,6 +58,13 @@ from cues_platform.jepsen import workload as w
 
 GRAPH_FILE = Path(__file__).resolve().parent / "user" / "jepsen_graph.py"
 GRAPH_REF = f"{GRAPH_FILE}:graph"
+REFUSAL_TIMEOUT = 300.0  # seconds an incompatible start has to refuse (a Spark start on a busy machine)
+LIVE_EVENTS = ("recovered", "step")  # a runner that emitted one of these went past the redeploy check
+
+
+def graph_ref(variant: str) -> str:
+    """The reference ``cues run`` loads for ``variant`` (``workload.VARIANTS``)."""
+    return f"{GRAPH_FILE}:{w.VARIANTS[variant].attr}"
 # Commit counts of the progress gauge scale with the lanes per processor: a runner's recovery
 # alone commits each lane's fences (its backing queue and its output queues: about 20 commits
 # with two lanes, 10 with one), so "1-12 more commits" of a one-lane graph is "1-24" here;
@@ -58,6 +79,25 @@ class Child:
     proc: subprocess.Popen
     log: Path
     started: float = field(default_factory=time.monotonic)
+    variant: str = w.BASE  # the graph version a runner runs
+
+    def events(self) -> list[dict]:
+        """The JSON event lines (``cues run --no-progress``) in the child's log so far."""
+        try:
+            text = self.log.read_text(errors="replace")
+        except FileNotFoundError:
+            return []
+        out = []
+        for line in text.splitlines():
+            if line.startswith("{") and '"event"' in line:
+                with contextlib.suppress(ValueError):
+                    out.append(json.loads(line))
+        return out
+
+    def failure(self) -> tuple[str | None, str]:
+        """(error_type, error) of the last ``failed`` event of a runner (None: none)."""
+        failed = [e for e in self.events() if e.get("event") == "failed"]
+        return (failed[-1].get("error_type"), failed[-1].get("error", "")) if failed else (None, "")
 
     @property
     def alive(self) -> bool:
@@ -127,6 +167,10 @@ class Stats:
     unexpected_exits: list[str] = field(default_factory=list)
     expected_exits: Counter = field(default_factory=Counter)
     actions: list[str] = field(default_factory=list)
+    # redeploys: "compatible", "incompatible" (attempted), "refused", "not refused", "deferred"
+    redeploys: Counter = field(default_factory=Counter)
+    refusals: Counter = field(default_factory=Counter)  # RedeployError class -> refusals
+    silent_changes: list[str] = field(default_factory=list)  # incompatible starts not refused
 
 
 class Nemesis:
@@ -134,8 +178,10 @@ class Nemesis:
 
     def __init__(self, *, lake_root: Path, run_dir: Path, seed: int, plan: w.Plan,
                  feed_seconds: float, lost_ack_rate: float, resend_in_txn: bool,
-                 concurrent: bool = True) -> None:
-        self.concurrent = concurrent
+                 concurrent: bool = True, redeploy: bool = False) -> None:
+        self.concurrent, self.redeploy = concurrent, redeploy
+        self.variant = self.previous = w.BASE  # the graph version runners start with, and the one before
+        self.redeploy_rng = random.Random(f"{seed}/redeploy")
         self.lake_root, self.run_dir, self.plan = lake_root, run_dir, plan
         self.rng = random.Random(f"{seed}/nemesis")
         self.seed = seed
@@ -153,13 +199,15 @@ class Nemesis:
     def _log(self, name: str) -> Path:
         return self.run_dir / "logs" / f"{name}.log"
 
-    def start_runner(self, *, idle_exit: float | None = None) -> Child:
+    def start_runner(self, *, idle_exit: float | None = None, variant: str | None = None) -> Child:
         self._counter += 1
-        argv = [sys.executable, "-m", "cues_platform.cli", "run", GRAPH_REF,
+        variant = variant or self.variant
+        argv = [sys.executable, "-m", "cues_platform.cli", "run", graph_ref(variant),
                 "--lake", str(self.lake_root), "--no-progress"]
         if idle_exit is not None:
             argv += ["--idle-exit", str(idle_exit)]
         child = spawn(f"runner-{self._counter}", "runner", argv, self._log(f"runner-{self._counter}"))
+        child.variant = variant
         self.runners.append(child)
         self.stats.runner_starts += 1
         return child
@@ -210,6 +258,9 @@ class Nemesis:
         tail = child.tail(3000)
         if rc in (-signal.SIGKILL, -signal.SIGTERM) or (rc == 0 and getattr(child, "signalled", False)):
             return
+        error_type, error = child.failure()
+        if rc == 2 and error_type is not None and self._refused_compatible(child, error_type, error):
+            return
         if rc == 2 and "fenced" in tail.lower():
             self.stats.expected_exits["runner fenced by a newer runner"] += 1
             return
@@ -217,6 +268,117 @@ class Nemesis:
             return
         lines = [ln for ln in tail.splitlines() if ln.strip()]
         self.stats.unexpected_exits.append(f"{child.name} exited {rc}: " + " | ".join(lines[-4:]))
+
+    # -- redeploys -------------------------------------------------------------------------------
+    def _record(self, **fields: object) -> None:
+        with open(self.run_dir / w.REDEPLOY_LOG, "a") as f:
+            f.write(json.dumps(fields, default=str) + "\n")
+
+    def _refused_compatible(self, child: Child, error_type: str, error: str) -> bool:
+        """A runner of a compatible version exited 2 with a RedeployError: a step in flight under
+        other bindings is deferred (back to a version with the previous bindings); any other
+        refusal of a compatible version is recorded for the checker. True when handled."""
+        if error_type not in REDEPLOY_ERRORS:
+            return False
+        if error_type == "StepInFlightError":
+            self.stats.redeploys["deferred"] += 1
+            self.stats.expected_exits["compatible version deferred: a step in flight"] += 1
+            back = self._recorder_of(error, refused=child.variant)
+            self._record(event="deferred", variant=child.variant, back_to=back, runner=child.name,
+                         error_type=error_type, error=error[:300])
+            self.previous, self.variant = child.variant, back
+        else:
+            self._record(event="compatible_refused", variant=child.variant, runner=child.name,
+                         error_type=error_type, error=error[:300])
+            self.stats.unexpected_exits.append(f"{child.name}: compatible version {child.variant} "
+                                               f"refused with {error_type}: {error[:200]}")
+            self.variant, self.previous = self.previous, child.variant
+        return True
+
+    def _recorder_of(self, error: str, *, refused: str) -> str:
+        """The compatible version whose bindings began the step a StepInFlightError names
+        ("processor 'store.1' recorded step ... reading [(binding, queue, partition), ...]; it
+        now reads ..."); the version before when the message cannot be read."""
+        found = re.search(r"processor '([^']+)' recorded step .*? reading (\[.*?\]); it now reads", error)
+        if found:
+            family = w.lane_family(found.group(1))
+            with contextlib.suppress(ValueError, SyntaxError, TypeError):
+                began = tuple(sorted(b for b, _, _ in ast.literal_eval(found.group(2))))
+                for v in w.COMPATIBLE:
+                    if w.bindings_of(v.name).get(family) == began:
+                        return v.name
+        return self.previous if self.previous != refused else w.BASE
+
+    def refusal_certain(self, variant: w.Variant) -> bool:
+        """Whether ``variant``'s target made progress (its first output has rows in the partition
+        the variant needs, or in any), read from the Delta table with deltalake."""
+        from deltalake import DeltaTable
+
+        path = self.lake_root / "queues" / w.FIRST_OUTPUT[variant.target]  # type: ignore[index]
+        if not (path / "_delta_log").is_dir():
+            return False
+        parts = DeltaTable(str(path)).to_pyarrow_table(columns=["_partition"])["_partition"].to_pylist()
+        return any(variant.needs_partition in (None, p) for p in parts)
+
+    def await_decision(self, child: Child, deadline: float) -> str:
+        """"exited" (it decided), "accepted" (a lane recovered or stepped) or "undecided"."""
+        while time.monotonic() < deadline:
+            if not child.alive:
+                return "exited"
+            if any(e.get("event") in LIVE_EVENTS for e in child.events()):
+                return "accepted"
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.proc.wait(timeout=0.2)
+        return "exited" if not child.alive else "undecided"
+
+    def try_incompatible(self, variant: w.Variant) -> None:
+        """Start ``variant`` (incompatible): it must be refused with ``variant.refusal``."""
+        self.stats.redeploys["incompatible"] += 1
+        child = self.start_runner(variant=variant.name)
+        self.runners.remove(child)  # not a runner the loop keeps going
+        decision = self.await_decision(child, time.monotonic() + REFUSAL_TIMEOUT)
+        rc = child.proc.returncode
+        error_type, error = child.failure() if decision == "exited" else (None, "")
+        if decision == "exited" and rc == 2 and error_type == variant.refusal:
+            outcome = "refused"
+            self.stats.redeploys["refused"] += 1
+            self.stats.refusals[error_type] += 1
+        else:
+            outcome = "not_refused"
+            self.stats.redeploys["not refused"] += 1
+            what = (f"{decision} (exit {rc}, {error_type}: {error[:200]})" if decision == "exited"
+                    else f"{decision}: {'a lane recovered' if decision == 'accepted' else 'no decision'}")
+            self.stats.silent_changes.append(f"{child.name} ran incompatible version {variant.name} "
+                                             f"({variant.what}), expected {variant.refusal}: {what}")
+            self.kill(child, signal.SIGKILL, "runner SIGKILL (incompatible version not refused)")
+        self._record(event="incompatible", variant=variant.name, expected=variant.refusal,
+                     outcome=outcome, decision=decision, rc=rc, error_type=error_type,
+                     error=error[:300], runner=child.name)
+
+    def redeploy_now(self, until: float, *, incompatible_first: bool = False) -> None:
+        """Once the runner took 1-8 steps under its version (or at ``until``, at least 90 s from
+        now), stop the runners; maybe
+        (``incompatible_first``: always, when one is certain to be refused) try an incompatible
+        version; start a compatible one."""
+        if self.runners:
+            runner, want = self.runners[-1], self.rng.randint(1, 8)
+            deadline = max(until, time.monotonic() + 90)  # a Spark start can take a minute here
+            while runner.alive and time.monotonic() < deadline and \
+                    sum(e.get("event") == "step" for e in runner.events()) < want:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    runner.proc.wait(timeout=0.25)
+        for runner in list(self.runners):
+            sig, label = self._sig()
+            self.kill(runner, sig, f"runner {label} (to redeploy)")
+            self.runners.remove(runner)
+        eligible = [v for v in w.INCOMPATIBLE if self.refusal_certain(v)]
+        if eligible and (self.redeploy_rng.random() < 0.6 or incompatible_first):
+            self.try_incompatible(self.redeploy_rng.choice(eligible))
+        new = self.redeploy_rng.choice([v.name for v in w.COMPATIBLE if v.name != self.variant])
+        self.stats.redeploys["compatible"] += 1
+        self._record(event="compatible", variant=new, previous=self.variant)
+        self.previous, self.variant = self.variant, new
+        self.start_runner()
 
     def kill(self, child: Child, sig: int, label: str) -> None:
         if not child.alive:
@@ -244,8 +406,9 @@ class Nemesis:
 
     def act(self, until: float) -> None:
         action = self.rng.choices(
-            ["kill_by_progress", "kill_in_recovery", "kill_after_start", "kill_feeder", "concurrent"],
-            weights=[4, 2, 1, 2, 1 if self.concurrent else 0])[0]
+            ["kill_by_progress", "kill_in_recovery", "kill_after_start", "kill_feeder", "concurrent",
+             "redeploy"],  # a zero weight last leaves the choices of a run without it unchanged
+            weights=[4, 2, 1, 2, 1 if self.concurrent else 0, 3 if self.redeploy else 0])[0]
         self.stats.actions.append(action)
         runner = self.runners[-1]
         if action == "kill_by_progress":
@@ -293,6 +456,8 @@ class Nemesis:
             victim = self.rng.choice([runner, second])
             sig, label = self._sig()
             self.kill(victim, sig, f"runner {label} during a concurrent period")
+        elif action == "redeploy":
+            self.redeploy_now(until)
 
     def stop_all(self) -> None:
         for child in [*self.runners, *self.feeders.values()]:
@@ -300,6 +465,10 @@ class Nemesis:
                 child.signal(signal.SIGKILL)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     child.proc.wait(timeout=30)
+
+
+REDEPLOY_ERRORS = ("RedeployError", "LaneMigrationError", "StrategyChangedError", "HomeChangedError",
+                   "ProcessorRenamedError", "StepInFlightError")  # processing/errors.py, by class name
 
 
 class Background:

@@ -8,7 +8,10 @@ Delivery contract of :func:`run_harness`:
    kind, concurrent runners) while maintenance and a tailer race in the background (until the
    drain is over). The faults go on past ``duration`` until ``min_kills`` processes were killed
    (at most ``MAX_EXTRA_FAULT_SECONDS`` more): a slow machine, whose Spark takes most of the
-   window to start, must not turn a run into one without faults.
+   window to start, must not turn a run into one without faults. With ``redeploy``, the nemesis
+   also redeploys the graph among its versions (``workload.VARIANTS``), and the faults go on until
+   ``min_redeploys`` compatible redeploys and as many incompatible attempts were made (the extra
+   time redeploys only, an incompatible version first whenever one is certain to be refused).
 4. Heal: stop the faults, let every feeder finish (restarting killed ones), stop the runners.
 5. Drain: ``cues run --idle-exit`` until no processor has work (retried if it fails, which is
    reported).
@@ -47,6 +50,8 @@ class HarnessConfig:
     maintenance: bool = True
     resend_in_txn: bool = False
     min_kills: int = 3  # faults go on past ``duration`` until this many kills (Step 3)
+    redeploy: bool = False  # the redeploy nemesis (graph versions between restarts)
+    min_redeploys: int = 0  # with redeploy: go on until this many compatible and incompatible ones
     drain_timeout: float = 600.0
     idle_exit: float = 6.0
 
@@ -70,7 +75,8 @@ class HarnessResult:
         c = self.config
         flags = [f"--lost-ack-rate {c.lost_ack_rate:g}"] if c.lost_ack_rate != 0.05 else []
         flags += [f"--min-kills {c.min_kills}"] if c.min_kills != 3 else []
-        flags += [f for f, on in (("--no-concurrent", not c.concurrent),
+        flags += [f"--min-redeploys {c.min_redeploys}"] if c.redeploy and c.min_redeploys else []
+        flags += [f for f, on in (("--redeploy", c.redeploy), ("--no-concurrent", not c.concurrent),
                                   ("--no-maintenance", not c.maintenance),
                                   ("--resend-in-txn", c.resend_in_txn)) if on]
         return " ".join([f"python -m cues_platform.jepsen --seed {c.seed} --duration {c.duration:g} "
@@ -89,10 +95,16 @@ class HarnessResult:
                f"  runners started {s.runner_starts}, feeders started {s.feeder_starts}, "
                f"concurrent periods {s.concurrent_periods}, maintenance runs {s.maintenance_runs}, "
                f"tailer rows {s.tailer_rows}, drain attempts {self.drain_attempts}"]
+        if c.redeploy:
+            r = s.redeploys
+            out.append(f"  redeploys: compatible {r['compatible']}, incompatible {r['incompatible']} "
+                       f"(refused {r['refused']}: " + ", ".join(f"{k} {n}" for k, n in sorted(s.refusals.items()))
+                       + f"; not refused {r['not refused']}), deferred (step in flight) {r['deferred']}")
         if s.expected_exits:
             out.append("  expected exits: " + ", ".join(f"{k} {n}" for k, n in s.expected_exits.items()))
         out += list(format_checks(self.report))
         for title, items in (("anomalies", self.anomalies),
+                             ("incompatible versions not refused", s.silent_changes),
                              ("unexpected process exits", s.unexpected_exits),
                              ("maintenance errors", s.maintenance_errors),
                              ("tailer errors", s.tailer_errors)):
@@ -110,6 +122,8 @@ class HarnessResult:
                 "tailer_rows": s.tailer_rows, "maintenance_errors": s.maintenance_errors, "tailer_errors": s.tailer_errors,
                 "unexpected_exits": s.unexpected_exits, "anomalies": self.anomalies,
                 "drain_attempts": self.drain_attempts, "actions": s.actions,
+                "redeploys": dict(s.redeploys), "refusals": dict(s.refusals),
+                "silent_changes": s.silent_changes,
                 "report": self.report.to_dict()}
 
 
@@ -138,7 +152,8 @@ def run_harness(config: HarnessConfig, *, echo: Callable[[str], None] = print) -
     _setup(lake_root)
     nemesis = Nemesis(lake_root=lake_root, run_dir=workdir, seed=config.seed, plan=plan,
                       feed_seconds=config.duration * 0.6, lost_ack_rate=config.lost_ack_rate,
-                      resend_in_txn=config.resend_in_txn, concurrent=config.concurrent)
+                      resend_in_txn=config.resend_in_txn, concurrent=config.concurrent,
+                      redeploy=config.redeploy)
     background = Background(lake_root=lake_root, seed=config.seed, stats=nemesis.stats,
                             log=workdir / "logs" / "maintenance.log", plan=plan)
     drain_attempts = 0
@@ -149,10 +164,20 @@ def run_harness(config: HarnessConfig, *, echo: Callable[[str], None] = print) -
             background.start()
         until = time.monotonic() + config.duration
         last_call = until + MAX_EXTRA_FAULT_SECONDS
+        redeploys = nemesis.stats.redeploys
+
+        def redeploys_short() -> bool:
+            return config.redeploy and min(redeploys["compatible"], redeploys["incompatible"]) < config.min_redeploys
+
         while time.monotonic() < until or (
-                sum(nemesis.stats.kills.values()) < config.min_kills and time.monotonic() < last_call):
+                (sum(nemesis.stats.kills.values()) < config.min_kills or redeploys_short())
+                and time.monotonic() < last_call):
             nemesis.tend()
-            nemesis.act(max(until, min(last_call, time.monotonic() + 10)))
+            act_until = max(until, min(last_call, time.monotonic() + 10))
+            if time.monotonic() >= until and redeploys_short():
+                nemesis.redeploy_now(act_until, incompatible_first=True)
+            else:
+                nemesis.act(act_until)
         echo(f"jepsen seed {config.seed}: faults over ({sum(nemesis.stats.kills.values())} kills); healing")
         # Step 4 (maintenance and the tailer go on racing until the drain is over)
         deadline = time.monotonic() + config.drain_timeout

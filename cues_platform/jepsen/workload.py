@@ -214,3 +214,92 @@ def acked_keys(plan: Plan, run_dir) -> set[str]:
     for t in read_acked(run_dir / ack_log_name("txn")):
         keys.update(plan.txn_batches[t])
     return keys
+
+
+# -- graph variants (the redeploy nemesis) ---------------------------------------------------------
+# The nemesis redeploys the graph between runner restarts: ``cues run jepsen_graph.py:<attr>`` of
+# one of these variants. Compatible ones must be continued exactly once (every key still flows to
+# the queues the checker reads); incompatible ones must be refused before any step with the
+# RedeployError subclass named here (processing/deployments.py), once the processor they change
+# has made progress (before that, a change has nothing to contradict, so it is not attempted).
+BASE = "base"
+SPARE = "spare"  # the extra input of variant "extra_input" (nobody writes it)
+ENRICHED_V2 = "enriched_v2"  # the home of variant "home_enrich" (must stay empty)
+REDEPLOY_TARGETS = ("validate", "split", "enrich")  # the declared processors incompatible variants change
+FIRST_OUTPUT = {"validate": VALIDATED, "split": LEFT, "enrich": ENRICHED}  # each target's home queue
+RENAMED_SUFFIX = "_v2"  # variant rename_{p} declares processor p as f"{p}_v2"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One version of the graph. ``refusal``: None for a compatible variant, else the class name
+    of the RedeployError a start must fail with once ``target`` made progress: its first output
+    (:data:`FIRST_OUTPUT`) has rows in partition ``needs_partition`` (None: in any partition)."""
+
+    name: str
+    refusal: str | None = None
+    target: str | None = None
+    needs_partition: str | None = None
+    what: str = ""
+
+    @property
+    def compatible(self) -> bool:
+        return self.refusal is None
+
+    @property
+    def attr(self) -> str:
+        """The attribute of ``user/jepsen_graph.py`` that holds this variant's graph."""
+        return "graph" if self.name == BASE else f"graph_{self.name}"
+
+    @property
+    def graph_name(self) -> str:
+        """The graph's name (the registry ``_cues/deployments`` records it with every shape)."""
+        return "jepsen" if self.name == BASE else f"jepsen-{self.name}"
+
+
+def _variants() -> dict[str, Variant]:
+    out = [Variant(BASE, what="every processor In(queue) over both partitions"),
+           Variant("renamed", what="every input binding renamed (merge: idem/txn, the others: rows)"),
+           Variant("extra_input", what=f"merge reads a third input, queue {SPARE!r} (empty)"),
+           Variant("batch", what="batch size 97 instead of 300")]
+    for p in REDEPLOY_TARGETS:
+        out += [Variant(f"named_{p}", "LaneMigrationError", p, PARTITIONS[1],
+                        f"{p} reads only partition {PARTITIONS[1]!r} by name (lane {p}.1's input "
+                        f"under the id {p})"),
+                Variant(f"strategy_{p}", "StrategyChangedError", p, None, f"{p} at_least_once"),
+                Variant(f"rename_{p}", "ProcessorRenamedError", p, None,
+                        f"{p} declared as {p}{RENAMED_SUFFIX}")]
+    out.append(Variant("home_enrich", "HomeChangedError", "enrich", None,
+                       f"enrich writes {ENRICHED_V2!r} instead of {ENRICHED!r}"))
+    return {v.name: v for v in out}
+
+
+VARIANTS = _variants()
+COMPATIBLE = tuple(v for v in VARIANTS.values() if v.compatible)
+INCOMPATIBLE = tuple(v for v in VARIANTS.values() if not v.compatible)
+REDEPLOY_LOG = "redeploys.jsonl"  # the nemesis's record of every redeploy (the checker reads it)
+
+
+def read_redeploys(run_dir) -> list[dict]:
+    """The redeploy records of a run (one JSON object a line; a line cut by a kill is ignored)."""
+    import json
+    from pathlib import Path
+
+    try:
+        text = (Path(run_dir) / REDEPLOY_LOG).read_text()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
+
+
+def bindings_of(variant: str) -> dict[str, tuple[str, ...]]:
+    """Each declared processor's input binding names under ``variant`` (sorted)."""
+    merge = ("idem", "txn") if variant == "renamed" else ("a", "t")
+    if variant == "extra_input":
+        merge = ("a", "spare", "t")
+    src = ("rows",) if variant == "renamed" else ("src",)
+    out = {"merge": merge} | {p: src for p in PROCESSORS if p != "merge"}
+    v = VARIANTS[variant]
+    if variant.startswith("rename_"):
+        out[v.target + RENAMED_SUFFIX] = out.pop(v.target)  # type: ignore[operator]
+    return out

@@ -21,6 +21,24 @@ IDEM_1 = [w.idem_key(1, j) for j in range(10)]  # partition "1" (HandLake.add_pa
 REJECTED_1 = IDEM_1[9]
 
 
+REGISTRY_SCHEMA = pa.schema([(c, pa.string()) for c in ("processor", "family", "strategy", "home",
+                                                          "inputs", "graph")])
+FIRST_OUTPUTS = {"merge": w.MERGED, "validate": w.VALIDATED, "split": w.LEFT, "enrich": w.ENRICHED}
+INPUTS = {"merge": [("a", w.SRC_IDEM), ("t", w.SRC_TXN)], "validate": [("src", w.MERGED)],
+          "split": [("src", w.VALIDATED)], "enrich": [("src", w.LEFT)], "store": [("src", w.RIGHT)]}
+
+
+def shape(lane: str, *, graph: str = "jepsen", strategy: str = "exactly_once",
+          inputs: list[tuple[str, str, str]] | None = None, home: str | None = "") -> dict:
+    """A registry row (``_cues/deployments``) of ``lane`` as the base graph records it; the
+    keywords change one thing."""
+    family, part = w.lane_family(lane), w.lane_partition(lane)
+    inputs = inputs if inputs is not None else [(b, q, part) for b, q in INPUTS[family]]
+    return {"processor": lane, "family": family, "strategy": strategy,
+            "home": FIRST_OUTPUTS.get(family) if home == "" else home,
+            "inputs": json.dumps([list(i) for i in sorted(inputs)]), "graph": graph}
+
+
 def rows(keys: list[str], *, offsets: list[int] | None = None, txn: str | None = None,
          partition: str = "0") -> pa.Table:
     offsets = list(range(len(keys))) if offsets is None else offsets
@@ -54,6 +72,8 @@ class HandLake:
     acked: set[str] = field(default_factory=set)
     partition_of: dict[str, str] = field(default_factory=dict)  # where the feeders sent each key
     rejected: set[str] = field(default_factory=set)  # the hand-made rule
+    registry: list[list[dict]] = field(default_factory=list)  # _cues/deployments, version by version
+    redeploys: list[dict] = field(default_factory=list)  # the redeploy nemesis's records
 
     @classmethod
     def healthy(cls, root: Path) -> HandLake:
@@ -73,6 +93,7 @@ class HandLake:
         lake.acked = set(IDEM + TXN_OK)
         lake.partition_of = dict.fromkeys(IDEM + TXN_OK + TXN_ABORTED, "0")
         lake.rejected = {REJECTED}
+        lake.registry = [[shape(lane) for lane in w.LANES]]
         return lake
 
     def add_partition_1(self) -> HandLake:
@@ -118,6 +139,9 @@ class HandLake:
                               ("exception_type", pa.string()), ("_partition", pa.string()),
                               ("_offset", pa.int64())]))
         write_deltalake(str(self.root / "queues" / w.ERRORS), errors, partition_by=["_partition"])
+        for version in self.registry:
+            write_deltalake(str(self.root / "_cues" / "deployments"), pa.Table.from_pylist(
+                version, schema=REGISTRY_SCHEMA), mode="overwrite")
         write_deltalake(str(self.root / "_cues" / "transactions"), pa.table({
             "txn_id": [t for t, _ in self.decisions], "action": [a for _, a in self.decisions]}))
         return self.root
@@ -125,7 +149,8 @@ class HandLake:
     def expectation(self) -> Expectation:
         return Expectation(acked=frozenset(self.acked), aborted_keys=frozenset(TXN_ABORTED),
                            known_keys=frozenset(self.partition_of) - set(TXN_ABORTED),
-                           partition_of=dict(self.partition_of), is_rejected=self.rejected.__contains__)
+                           partition_of=dict(self.partition_of), is_rejected=self.rejected.__contains__,
+                           redeploys=tuple(self.redeploys))
 
 
 @pytest.fixture

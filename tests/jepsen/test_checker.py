@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 
 import pyarrow as pa
+import pytest
 from deltalake import CommitProperties, Transaction, write_deltalake
 
 from cues_platform.jepsen import workload as w
 from cues_platform.jepsen.checker import check_lake
-from tests.jepsen.conftest import IDEM, IDEM_1, TXN_ABORTED, TXN_OK, rows, sink_rows
+from tests.jepsen.conftest import IDEM, IDEM_1, INPUTS, TXN_ABORTED, TXN_OK, rows, shape, sink_rows
 
 
 def failing(hand_lake) -> dict[str, list[str]]:
@@ -21,7 +22,8 @@ def test_a_healthy_lake_passes_every_check(hand_lake):
     report = check_lake(hand_lake.write(), hand_lake.expectation())
     assert report.ok, report.to_dict()
     assert [c.name for c in report.checks] == ["dense_offsets", "read_committed", "acknowledged",
-                                               "exactly_once", "error_rows", "sink_once", "lanes"]
+                                               "exactly_once", "error_rows", "sink_once", "lanes",
+                                               "redeploy"]
     assert report.counts["keys_in_error_rows"] == 4 and report.counts["visible_input_keys"] == 12
     assert all(c.checked for c in report.checks)
 
@@ -175,3 +177,87 @@ def test_an_error_row_of_a_lane_the_graph_does_not_have(hand_lake):
     got = failing(hand_lake)
     assert got["error_rows"] == ["error row at offset 0 (validate.2 step 2, jepsen_graph.Rejected): not "
                                  "a rejection by the user's function; its batch of 0 key(s) is lost: []"]
+
+
+# -- redeploys: nothing changed its meaning silently --------------------------------------------------
+def test_compatible_versions_recorded_in_the_registry_pass(hand_lake):
+    """Renamed bindings and merge's extra input (queue spare) are shapes of compatible versions;
+    an incompatible version that was refused leaves nothing behind."""
+    renamed = [shape(lane, graph="jepsen-renamed",
+                     inputs=[("rows" if b == "src" else b, q, w.lane_partition(lane)) for b, q in INPUTS[
+                         w.lane_family(lane)]]) for lane in w.LANES]
+    extra = [shape(m, graph="jepsen-extra_input", inputs=[("a", w.SRC_IDEM, p), ("spare", w.SPARE, p),
+                                                          ("t", w.SRC_TXN, p)])
+             for m, p in (("merge", "0"), ("merge.1", "1"))]
+    hand_lake.registry += [renamed, renamed + extra]
+    hand_lake.redeploys = [{"event": "incompatible", "variant": "named_enrich", "expected": "LaneMigrationError",
+                            "outcome": "refused", "error_type": "LaneMigrationError", "runner": "runner-4"},
+                           {"event": "compatible", "variant": "batch"}]
+    report = check_lake(hand_lake.write(), hand_lake.expectation())
+    assert report.ok, report.to_dict()
+    assert report.check("redeploy").checked == 1 + len(w.LANES) * 2 + 2  # one attempt, distinct rows
+
+
+def test_an_incompatible_version_that_was_not_refused(hand_lake):
+    hand_lake.redeploys = [{"event": "incompatible", "variant": "strategy_enrich", "expected": "StrategyChangedError",
+                            "outcome": "not_refused", "decision": "accepted", "rc": None, "error_type": None,
+                            "error": "", "runner": "runner-7"}]
+    assert failing(hand_lake) == {"redeploy": [
+        "silent change of meaning: runner-7 started incompatible version 'strategy_enrich' and it was not "
+        "refused with StrategyChangedError (accepted, exit None, None: )"]}
+
+
+def test_a_refusal_with_another_error_is_no_refusal_of_the_change(hand_lake):
+    hand_lake.redeploys = [{"event": "incompatible", "variant": "rename_split", "expected": "ProcessorRenamedError",
+                            "outcome": "refused", "decision": "exited", "rc": 2, "error_type": "LaneMigrationError",
+                            "error": "processor 'split_v2' ...", "runner": "runner-3"}]
+    assert list(failing(hand_lake)) == ["redeploy"]
+
+
+def test_a_compatible_version_refused(hand_lake):
+    hand_lake.redeploys = [{"event": "compatible_refused", "variant": "extra_input", "runner": "runner-5",
+                            "error_type": "LaneMigrationError", "error": "processor 'merge' would read"}]
+    assert failing(hand_lake) == {"redeploy": [
+        "compatible version 'extra_input' was refused by runner-5 with LaneMigrationError: processor "
+        "'merge' would read"]}
+
+
+def test_an_incompatible_shape_in_an_older_registry_version_is_found(hand_lake):
+    """A start under strategy_enrich that was recorded (and so ran) and a later compatible start
+    that overwrote the rows: every version of the registry is read, not only the newest."""
+    bad = [shape(lane, graph="jepsen-strategy_enrich", strategy="at_least_once", home=None)
+           if w.lane_family(lane) == "enrich" else shape(lane) for lane in w.LANES]
+    hand_lake.registry += [bad, [shape(lane) for lane in w.LANES]]
+    got = failing(hand_lake)["redeploy"]
+    assert got == [f"_cues/deployments version 1: processor {lane!r}: recorded by graph "
+                   "'jepsen-strategy_enrich', which is not a compatible version: a start under an "
+                   "incompatible version was recorded, not refused" for lane in ("enrich", "enrich.1")]
+
+
+@pytest.mark.parametrize(("row", "problem"), [
+    (shape("enrich", inputs=[("src", w.LEFT, "1")]),
+     "reads [('left', '1')] (a lane of partition '0' reads [('left', '0')])"),
+    (shape("enrich", home=w.ENRICHED_V2), "home 'enriched_v2' (its first output is 'enriched')"),
+    (shape("enrich", strategy="at_least_once"), "strategy 'at_least_once'"),
+    (shape("validate.1", inputs=[("src", w.MERGED, "1"), ("spare", w.SPARE, "1")]),
+     "reads [('merged', '1'), ('spare', '1')] (a lane of partition '1' reads [('merged', '1')])"),
+])
+def test_a_shape_no_compatible_version_has_under_a_compatible_graph_name(hand_lake, row, problem):
+    hand_lake.registry[0] = [r for r in hand_lake.registry[0] if r["processor"] != row["processor"]] + [row]
+    assert failing(hand_lake) == {"redeploy": [
+        f"_cues/deployments version 0: processor {row['processor']!r}: {problem}: a start under an "
+        "incompatible version was recorded, not refused"]}
+
+
+def test_a_renamed_processor_that_ran(hand_lake):
+    """The backing queue of enrich_v2 and rows in enriched_v2: steps ran under incompatible versions."""
+    root = hand_lake.write()
+    write_deltalake(str(root / "_cues" / "backing" / "enrich_v2"), pa.table({"step": pa.array([0], pa.int64())}))
+    write_deltalake(str(root / "queues" / w.ENRICHED_V2), rows(IDEM[:2]), partition_by=["_partition"])
+    report = check_lake(root, hand_lake.expectation())
+    assert report.failed() == ["redeploy"]
+    assert report.check("redeploy").violations == [
+        "backing queue 'enrich_v2': a processor id no compatible version has (something ran under an "
+        "incompatible version)",
+        "queue 'enriched_v2' (the home of incompatible version home_enrich) holds 2 row(s): steps ran "
+        "under an incompatible version"]

@@ -45,3 +45,26 @@ def test_the_lanes_the_checker_names_are_the_graphs():
         assert {i.partition for i in p.inputs.values()} == {w.lane_partition(lane)}, lane
         assert {o.partition for o in p.outputs.values()} <= {w.lane_partition(lane)}, lane
         assert w.lane_family(lane) == p.family
+
+
+def test_every_graph_version_loads_by_its_reference_with_the_bindings_the_nemesis_assumes():
+    # The nemesis runs `cues run jepsen_graph.py:graph_<variant>` and, after a StepInFlightError,
+    # picks the version whose bindings began the step from workload.bindings_of; the checker
+    # accepts registry rows only of the compatible versions' graph names.
+    from cues_platform.jepsen.nemesis import graph_ref
+    from cues_platform.processing.loader import load_graph
+
+    names = set()
+    for v in w.VARIANTS.values():
+        g = load_graph(graph_ref(v.name))
+        names.add(g.name)
+        assert g.name == v.graph_name
+        got = {p.family: tuple(sorted(p.inputs)) for p in g.processors.values()}
+        assert got == w.bindings_of(v.name), v.name
+        if not v.compatible:
+            assert v.target in w.FIRST_OUTPUT and v.refusal.endswith("Error")
+        else:
+            assert set(g.processors) == set(w.LANES), v.name
+    assert len(names) == len(w.VARIANTS)
+    assert {v.refusal for v in w.INCOMPATIBLE} == {"LaneMigrationError", "StrategyChangedError",
+                                                  "ProcessorRenamedError", "HomeChangedError"}
