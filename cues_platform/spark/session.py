@@ -4,6 +4,11 @@ Default ``local[*]`` bound to 127.0.0.1 with the web UI off; a ``spark://``/``ya
 master for a cluster; an ``sc://`` URL for Spark Connect. Spark needs Java 17+ on the machine:
 when it is missing, :func:`get_spark` says so in one line instead of a JVM stack trace.
 Python workers run the driver's interpreter unless the user chose one (:func:`use_this_python`).
+
+The driver's JVM runs in a process group (a session) of its own (:func:`launch_driver_jvm`): a
+SIGTERM or Ctrl-C to the group of the process that uses Spark (a shell's job, ``kill -TERM -PGID``,
+a supervisor) reaches the Python process only, which stops at a step boundary and then ends Spark;
+the JVM exits when its gateway's stdin closes, i.e. when that process ends, however it ends.
 """
 
 from __future__ import annotations
@@ -133,37 +138,84 @@ def require_master(master: str, *, timeout: float = 5.0) -> None:
         "runs) or fix CUES_SPARK_MASTER", master=master)
 
 
+def _classic(options: Mapping[str, str]) -> bool:
+    """Whether ``SparkSession.builder.getOrCreate()`` takes the classic path (a py4j gateway to a
+    driver JVM this process starts) with these options, rather than a Spark Connect one."""
+    from pyspark.util import default_api_mode
+
+    if {"SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE"} & os.environ.keys():
+        return False
+    mode = options.get("spark.api.mode", os.environ.get("SPARK_API_MODE", "")).lower()
+    if mode not in ("classic", "connect"):
+        mode = default_api_mode()
+    return mode == "classic" and "spark.remote" not in options
+
+
+def launch_driver_jvm(options: Mapping[str, str]) -> bool:
+    """Start this process's Spark driver JVM in a session (so a process group) of its own, with the
+    SparkContext of ``options``; True if it started one (False: a JVM exists, or Connect).
+
+    Why: a stop of the process group (``kill -TERM -PGID``, a shell's job control, a supervisor)
+    also reached the JVM, whose shutdown hooks then stopped the SparkContext under the job in flight
+    and printed Java stack traces to the stderr it shares with us (``ERROR TaskSchedulerImpl:
+    Exception in statusUpdate`` / ``RejectedExecutionException``...), while the Python side stopped
+    gracefully. Out of the group, the JVM hears no group signal: the Python process finishes or
+    abandons its step as it decides, and when it ends (exit, exception, SIGKILL) the JVM reads end
+    of file on the gateway's stdin pipe and exits (PythonGatewayServer), ending Spark cleanly.
+
+    Why not ``SIGTERM`` ignored in the JVM: a child inherits an ignored signal only if it is ignored
+    in this process when the child is forked (pyspark's Popen sets its own ``preexec_fn``), and a
+    SIGTERM that came while it was ignored here (Spark takes seconds to start) would be lost for
+    good. ``-Xrs`` instead makes SIGTERM kill the JVM at once, without the shutdown hooks that
+    delete Spark's temporary folders, and SIGQUIT (``jstack``) kill it too.
+
+    pyspark's own ``launch_gateway`` starts the JVM, with ``start_new_session`` among the Popen
+    arguments it documents for that use; the context then takes the gateway as
+    ``SparkContext(gateway=...)``, which the builder's ``getOrCreate`` finds and reuses.
+    """
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    # SparkContext._gateway: pyspark keeps one gateway per process there, and reuses it for every
+    # later context (after spark.stop() too); a second JVM would never be used.
+    if SparkContext._gateway is not None or not _classic(options):
+        return False
+    conf = SparkConf().setAll(list(options.items()))
+    gateway = launch_gateway(conf, popen_kwargs={"start_new_session": True})
+    SparkContext(conf=conf, gateway=gateway)
+    return True
+
+
 def get_spark(settings: SparkSettings | None = None) -> Any:
     """Return the process's Spark session, creating it on first use."""
     from pyspark.sql import SparkSession
 
     s = settings or SparkSettings(master=os.environ.get("CUES_SPARK_MASTER", "local[*]"))
     use_this_python(s)
-    if s.master.startswith("sc://"):
+    connect = s.master.startswith("sc://")
+    if connect:
         from cues_platform.spark.connect import SESSION_DEFAULTS, require_server
 
         require_server(s.master)
-        builder = SparkSession.builder.remote(s.master)
-        for key, value in SESSION_DEFAULTS.items():  # the server's static settings stay its own
-            builder = builder.config(key, value)
+        options = {"spark.remote": s.master, **SESSION_DEFAULTS}  # the server's static settings stay its own
     else:
         if s.master.startswith("spark://"):
             require_master(s.master)
         require_java()
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        builder = SparkSession.builder.master(s.master)
-        for key, value in LOCAL_DEFAULTS.items():
-            builder = builder.config(key, value)
+        options = {"spark.master": s.master, **LOCAL_DEFAULTS}
         if s.master.startswith("local"):
-            for key, value in LOCAL_FILES_DEFAULTS.items():
-                builder = builder.config(key, value)
-    builder = builder.appName(s.app_name)
-    for key, value in s.conf.items():
+            options.update(LOCAL_FILES_DEFAULTS)
+    options["spark.app.name"] = s.app_name
+    options.update(s.conf)
+    if not connect:
+        options[JAVA_OPTIONS_KEY] = driver_java_options(s)
+        launch_driver_jvm(options)
+    builder = SparkSession.builder
+    for key, value in options.items():
         builder = builder.config(key, value)
-    if not s.master.startswith("sc://"):
-        builder = builder.config(JAVA_OPTIONS_KEY, driver_java_options(s))
     session = builder.getOrCreate()
-    if s.master.startswith("sc://"):
+    if connect:
         from cues_platform.spark.connect import close_at_exit
 
         close_at_exit(session)
