@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cues_platform.audit.discovery import check_lake, queue_folders
+from cues_platform.audit.exit import exit_with
 from cues_platform.audit.storage import (
     STORAGE_ERRORS,
     first_line,
@@ -282,7 +283,7 @@ def audit_command(lake_root: str, as_json: bool, graph_ref: str | None) -> None:
         graph = load_graph(graph_ref)
     report = audit(Lake(root=lake_root), graph=graph)
     click.echo(report.to_json() if as_json else report.to_text(max_per_kind=None))
-    sys.exit(0 if report.ok else 1)
+    exit_with(0 if report.ok else 1)  # os._exit after a flush: no teardown crash (audit/exit.py)
 
 
 @main.group()

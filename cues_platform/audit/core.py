@@ -15,7 +15,13 @@ from cues_platform.audit.backing import (
     record_rows,
 )
 from cues_platform.audit.coverage import coverage, input_ends
-from cues_platform.audit.discovery import backing_folders, backing_uri, check_lake, queue_folders
+from cues_platform.audit.discovery import (
+    backing_folders,
+    backing_uri,
+    check_lake,
+    list_dirs,
+    queue_folders,
+)
 from cues_platform.audit.errors import AuditError
 from cues_platform.audit.failures import platform_error_checks
 from cues_platform.audit.once import count_checks, delivered_steps, transaction_checks
@@ -31,7 +37,13 @@ from cues_platform.audit.report import (
 )
 from cues_platform.audit.rows import QueueRows, read_queue_rows
 from cues_platform.audit.sequence import Steps, alts_violations, arrange
-from cues_platform.audit.storage import STORAGE_ERRORS, check_table, unreadable_violation
+from cues_platform.audit.storage import (
+    STORAGE_ERRORS,
+    check_table,
+    checkpoint_violations,
+    system_table_checks,
+    unreadable_violation,
+)
 from cues_platform.audit.trust import rows_without_input, staged_file_checks
 from cues_platform.processing.backing import Record
 from cues_platform.processing.graph import Graph, Strategy
@@ -70,10 +82,21 @@ def audit(lake: Lake, *, graph: Graph | None = None) -> AuditReport:
                 f"the backing queue of {pid!r} is unreadable: its steps are not audited, and rows "
                 "with its hashes show as unknown_hash"
             )
+    # The system tables (tailer positions, transaction decisions, the deployments registry) and
+    # the home queues' digest queues (step records whose log entries are gone).
+    violations += system_table_checks(lake)
+    for home in list_dirs(lake.system_uri("digests"), lake):
+        uri = lake.system_uri("digests", home)
+        violations += checkpoint_violations(f"digests/{home}", uri, lake.options)
+        _, bad, more = check_table(lake, name=home, uri=uri, table=f"digests/{home}")
+        violations += bad
+        notes += more
     queues: dict[str, Queue] = {}  # every queue that opens
     unreadable: set[str] = set()
     for name in queue_folders(lake):
-        q, bad, more = check_table(lake, name=name, uri=join_uri(lake.root, "queues", name))
+        uri = join_uri(lake.root, "queues", name)
+        violations += checkpoint_violations(name, uri, lake.options)
+        q, bad, more = check_table(lake, name=name, uri=uri)
         violations += bad
         notes += more
         if bad:

@@ -32,7 +32,12 @@ from cues_platform.queues.errors import (
     QueueNotFoundError,
 )
 from cues_platform.queues.filesystems import filesystem_for
-from cues_platform.queues.integrity import find_inconsistencies
+from cues_platform.queues.integrity import (
+    TableStorage,
+    diagnose_unloadable,
+    find_checkpoint_damage,
+    find_inconsistencies,
+)
 from cues_platform.queues.names import join_uri
 
 # What the storage raises when a table's log or files are damaged or out of reach.
@@ -165,6 +170,61 @@ def check_table(
     except STORAGE_ERRORS as exc:
         problems.append(unreadable_violation(exc, table=table, uri=uri, processor=processor))
     return queue, problems, []
+
+
+SYSTEM_TABLES = ("positions", "transactions", "deployments")  # _cues/{name}: plain Delta tables
+
+
+def checkpoint_violations(table: str, uri: str, options: Mapping[str, str] | None) -> list[Violation]:
+    """A torn or missing checkpoint (``integrity.find_checkpoint_damage``), reported even where
+    opening the table falls back to an older one (nothing is lost then, but the lake is damaged
+    and an operator should know)."""
+    storage = TableStorage(uri, options)
+    damage = find_checkpoint_damage(storage)
+    if damage is None:
+        return []
+    first = damage.damaged[0][0]
+    then = ("the table loads from an older checkpoint (every later commit is there): nothing is "
+            "lost; remove or restore the damaged file" if damage.fallback is not None else
+            "the table cannot be loaded safely: restore the file from a backup")
+    return [Violation(CORRUPT_LOG, f"{table}: damaged checkpoint {damage.describe(storage)}; {then}",
+                      queue=table, file=storage.location(first))]
+
+
+def system_table_checks(lake: Lake) -> list[Violation]:
+    """Step 5 for the system tables (``_cues/positions``, ``_cues/transactions``,
+    ``_cues/deployments``): each opens, its commits are whole, its files are there. A tailer's
+    position or a transaction's decision lost to damage is never passed as OK."""
+    out: list[Violation] = []
+    for name in SYSTEM_TABLES:
+        uri = lake.system_uri(name)
+        table = f"_cues/{name}"
+        try:
+            exists = DeltaTable.is_deltatable(uri, storage_options=lake.options)
+            if not exists:
+                if _has_files(uri, lake.options):
+                    out.append(Violation(UNREADABLE, (
+                        f"{table} at {uri} holds files but no loadable Delta log: its positions or "
+                        "decisions cannot be read; restore _delta_log from a backup"),
+                        queue=table, file=join_uri(uri, "_delta_log")))
+                continue
+            out += checkpoint_violations(table, uri, lake.options)
+            try:
+                dt = DeltaTable(uri, storage_options=dict(lake.options) if lake.options else None)
+            except DeltaError as exc:
+                err = diagnose_unloadable(TableStorage(uri, lake.options), what=table, error=exc,
+                                          queue_rules=False)
+                out.append(Violation(UNREADABLE, first_line(err), queue=table,
+                                     file=getattr(err, "path", None) or getattr(err, "file", None)
+                                     or file_of(exc)))
+                continue
+            out += [Violation(CORRUPT_LOG, m, queue=table, file=f)
+                    for m, f in _commit_problems(table, uri, dt, lake.options)]
+            out += [Violation(UNREADABLE, m, queue=table, file=f)
+                    for m, f in _missing_files(table, uri, dt, lake.options)]
+        except STORAGE_ERRORS as exc:
+            out.append(unreadable_violation(exc, table=table, uri=uri))
+    return out
 
 
 def unreadable_violation(

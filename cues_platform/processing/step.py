@@ -491,7 +491,9 @@ class ExactlyOnceStepper(StepBase):
                                            step=snapshot.step)(home.refresh()) is None:
             # (checked first: a fenced instance, or a step already closed, reads no staged file)
             with self._staged(snapshot, home.name):
-                tables = read_staged(files[home.name], self.lake.options) if home.name in files else {}
+                tables = (read_staged(files[home.name], self.lake.options, lake=self.lake,
+                                      snapshot=snapshot, queue=home.name)
+                          if home.name in files else {})
             commit_step(self.queues[self.home], snapshot, tables, epoch=self.epoch,
                         outcome=attempt.type, rows=counts, is_record=False, message_type=message_type)
         remove_staging(self.lake, snapshot)

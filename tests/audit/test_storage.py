@@ -62,3 +62,29 @@ def test_log_that_disagrees_with_its_files_is_a_corrupt_log(lake_copy: Lake) -> 
     report = audit(lake_copy)
     (v,) = report.by_kind("corrupt_log")
     assert (v.queue, v.partition) == ("orders", "0") and "next offset is 30" in v.message
+
+
+def test_a_truncated_commit_of_the_positions_table_fails_the_audit_naming_it(lake_copy: Lake) -> None:
+    """The review: with the positions table damaged, ``cues audit`` exited 0. A tailer's
+    committed position lost to damage is never passed as OK; the damaged file is named, not a
+    healthy one."""
+    lake_copy.queue("orders").tailer("t", partition="0").commit(5)
+    commit = newest_commit(Path(lake_copy.root) / "_cues" / "positions")
+    commit.write_bytes(commit.read_bytes()[:40])
+    report = audit(lake_copy)
+    assert not report.ok
+    found = [v for v in report.violations if v.queue == "_cues/positions"]
+    assert found and {v.file for v in found} == {str(commit)}, [v.message for v in found]
+
+
+def test_a_torn_checkpoint_of_a_queue_is_reported_even_where_the_table_loads(lake_copy: Lake) -> None:
+    """Opening falls back to an older checkpoint when every later commit is there (nothing is
+    lost), but the damage is reported: an audit never calls a damaged lake clean."""
+    q = lake_copy.queue("orders")
+    q.table.create_checkpoint()
+    (checkpoint,) = (Path(q.uri) / "_delta_log").glob("*.checkpoint.parquet")
+    checkpoint.write_bytes(checkpoint.read_bytes()[:100])
+    report = audit(lake_copy)
+    (v,) = [v for v in report.by_kind("corrupt_log") if v.queue == "orders"]
+    assert "damaged checkpoint" in v.message and "nothing is lost" in v.message
+    assert v.file == str(checkpoint)

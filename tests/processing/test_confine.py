@@ -100,11 +100,9 @@ def test_forged_attempt_naming_a_file_outside_the_lake_is_refused(
     assert isinstance(err, QueueError) and isinstance(err, CuesError) and not err.retryable
     assert outside in str(err) and err.path == outside
     assert "cues audit" in str(err)
-    if queue == "c":  # commit_staged knows the attempt: the message names the record
-        assert "attempt record of step 1 of processor 'p'" in str(err)
-        assert snapshot.delivery_hash in str(err) and (err.step, err.queue) == (1, "c")
-    else:  # step.py's home read passes no snapshot yet: refused as "not a staged file"
-        assert "not a staged file" in str(err)
+    # both reads know the attempt (commit_staged, and the home read in step.py): the record is named
+    assert "attempt record of step 1 of processor 'p'" in str(err)
+    assert snapshot.delivery_hash in str(err) and (err.step, err.queue) == (1, queue)
     assert row_counts(lake) == before  # no row in b or c, and no error row
     with pytest.raises(PathOutsideLakeError):  # every later start refuses again, never appends
         recover(lake, g)
