@@ -88,7 +88,7 @@ def test_a_lost_ack_inside_a_transaction_is_written_once(tmp_path):
 
 
 REDEPLOY_CI = ["python", "-m", "cues_platform.jepsen", "--redeploy", "--min-redeploys", "1", "--duration", "20",
-               "--keys", "400", "--min-kills", "0", "--no-concurrent", "--no-maintenance"]
+               "--keys", "1400", "--min-kills", "0", "--no-concurrent", "--no-maintenance"]
 REDEPLOY_SOAK = ["python", "-m", "cues_platform.jepsen", "--redeploy", "--min-redeploys", "5", "--duration", "600",
                  "--keys", "12000"]
 
@@ -96,7 +96,7 @@ REDEPLOY_SOAK = ["python", "-m", "cues_platform.jepsen", "--redeploy", "--min-re
 @pytest.mark.soak
 @pytest.mark.timeout(2400 if soak_enabled() else 900)
 def test_the_redeploy_nemesis_refuses_every_incompatible_version_and_loses_no_key(tmp_path):
-    # CI: 20 s of faults over 400 keys, going on until one compatible redeploy and one incompatible
+    # CI: 20 s of faults over 1,400 keys (so the rule rejects some), going on until one compatible redeploy and one incompatible
     # attempt were made (a random seed, printed first); CUES_SOAK=1: 10 minutes over 12,000 keys,
     # five of each at least (docs/jepsen.md names the seeds and counts of such a run).
     argv = REDEPLOY_SOAK if soak_enabled() else REDEPLOY_CI
