@@ -283,7 +283,7 @@ class Nemesis:
         if error_type == "StepInFlightError":
             self.stats.redeploys["deferred"] += 1
             self.stats.expected_exits["compatible version deferred: a step in flight"] += 1
-            back = self._recorder_of(error, refused=child.variant)
+            back = recorder_of(error) or (self.previous if self.previous != child.variant else w.BASE)
             self._record(event="deferred", variant=child.variant, back_to=back, runner=child.name,
                          error_type=error_type, error=error[:300])
             self.previous, self.variant = child.variant, back
@@ -294,20 +294,6 @@ class Nemesis:
                                                f"refused with {error_type}: {error[:200]}")
             self.variant, self.previous = self.previous, child.variant
         return True
-
-    def _recorder_of(self, error: str, *, refused: str) -> str:
-        """The compatible version whose bindings began the step a StepInFlightError names
-        ("processor 'store.1' recorded step ... reading [(binding, queue, partition), ...]; it
-        now reads ..."); the version before when the message cannot be read."""
-        found = re.search(r"processor '([^']+)' recorded step .*? reading (\[.*?\]); it now reads", error)
-        if found:
-            family = w.lane_family(found.group(1))
-            with contextlib.suppress(ValueError, SyntaxError, TypeError):
-                began = tuple(sorted(b for b, _, _ in ast.literal_eval(found.group(2))))
-                for v in w.COMPATIBLE:
-                    if w.bindings_of(v.name).get(family) == began:
-                        return v.name
-        return self.previous if self.previous != refused else w.BASE
 
     def refusal_certain(self, variant: w.Variant) -> bool:
         """Whether ``variant``'s target made progress (its first output has rows in the partition
@@ -465,6 +451,21 @@ class Nemesis:
                 child.signal(signal.SIGKILL)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     child.proc.wait(timeout=30)
+
+
+def recorder_of(error: str) -> str | None:
+    """The compatible version whose bindings began the step a StepInFlightError names
+    ("processor 'store.1' recorded step ... reading [(binding, queue, partition), ...]; it now
+    reads ..."); None when the message cannot be read that way."""
+    found = re.search(r"processor '([^']+)' recorded step .*? reading (\[.*?\]); it now reads", error)
+    if not found:
+        return None
+    try:
+        began = tuple(sorted(b for b, _, _ in ast.literal_eval(found.group(2))))
+    except (ValueError, SyntaxError, TypeError):
+        return None
+    family = w.lane_family(found.group(1))
+    return next((v.name for v in w.COMPATIBLE if w.bindings_of(v.name).get(family) == began), None)
 
 
 REDEPLOY_ERRORS = ("RedeployError", "LaneMigrationError", "StrategyChangedError", "HomeChangedError",
