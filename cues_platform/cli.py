@@ -341,11 +341,14 @@ def run_command(graph_ref: str, lake_root: str, idle_exit: float | None, no_prog
     each on stderr with ``--no-progress``, and the latest state in ``--status-file``
     (cues_platform/processing/events.py).
 
-    Exit 0 after a requested stop (SIGTERM/SIGINT) or ``--idle-exit``. A SIGTERM to the whole
-    process group also stops Spark's JVM: the step in flight then fails with a platform error,
-    which writes no error row and is retried by the next start; that is still a requested stop
-    (exit 0, one line naming the interrupted step). A platform failure without a stop request
-    exits 2 with one ``error:`` line (``PlatformStepError``: restart to retry the same input).
+    Exit 0 after a requested stop (SIGTERM/SIGINT) or ``--idle-exit``: the step in flight
+    finishes, then one line. A SIGTERM to the whole process group is the same stop: Spark's JVM
+    runs in a process group of its own (spark/session.py), hears nothing, and exits after this
+    process. Should the JVM die under a requested stop anyway (killed on its own), the step in
+    flight fails with a platform error, which writes no error row and is retried by the next start;
+    that is still a requested stop (exit 0, one line naming the interrupted step). A platform
+    failure without a stop request exits 2 with one ``error:`` line (``PlatformStepError``: restart
+    to retry the same input).
     """
     import logging
     import threading

@@ -1,5 +1,7 @@
 """StopSignals: a stop signal that lands while the main thread holds the event's lock is still
-delivered, where ``lambda *_: event.set()`` hangs the process for good (cues_platform/signals.py)."""
+delivered, where ``lambda *_: event.set()`` hangs the process for good (cues_platform/signals.py).
+A SIGTERM to the process group of ``cues run`` mid-job is one line and no Java trace (the driver's
+JVM is in a group of its own), and that JVM still ends with its Python process (SIGKILL too)."""
 
 from __future__ import annotations
 
