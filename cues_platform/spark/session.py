@@ -151,7 +151,7 @@ def _classic(options: Mapping[str, str]) -> bool:
     return mode == "classic" and "spark.remote" not in options
 
 
-def launch_driver_jvm(options: Mapping[str, str]) -> bool:
+def launch_driver_jvm(*, options: Mapping[str, str]) -> bool:
     """Start this process's Spark driver JVM in a session (so a process group) of its own, with the
     SparkContext of ``options``; True if it started one (False: a JVM exists, or Connect).
 
@@ -210,7 +210,7 @@ def get_spark(settings: SparkSettings | None = None) -> Any:
     options.update(s.conf)
     if not connect:
         options[JAVA_OPTIONS_KEY] = driver_java_options(s)
-        launch_driver_jvm(options)
+        launch_driver_jvm(options=options)
     builder = SparkSession.builder
     for key, value in options.items():
         builder = builder.config(key, value)
