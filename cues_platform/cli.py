@@ -398,7 +398,8 @@ def run_command(graph_ref: str, lake_root: str, idle_exit: float | None, no_prog
         except Exception as exc:
             if not stop_requested():
                 raise
-            # a stop (to the process group: Spark's JVM too) while Spark was starting
+            # Spark's start failed after a stop was requested (its JVM, in a group of its own, is
+            # not signalled by a group stop; it may have died of something else)
             raise _StartupInterrupted(type(exc).__name__) from exc
         events("spark_ready", {"seconds": round(time.monotonic() - spark_started, 3)})
         runner = GraphRunner(graph=graph, lake=lake, spark=spark, keep_results=False, events=events)
