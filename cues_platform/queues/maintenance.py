@@ -48,6 +48,19 @@ DEFAULT_VACUUM_RETENTION_HOURS = 24
 # than any append takes between writing its files and committing them.
 MIN_SAFE_RETENTION_HOURS = 1.0
 UNSAFE_RETENTION_KEYWORD = "unsafe_allow_short_retention"
+# How long a queue's log and checkpoints keep the tombstones (remove actions) of compacted files:
+# exactly the vacuum retention. Measured on delta-rs 1.6 (tests/queues/test_tombstones.py): a
+# checkpoint drops every tombstone older than ``delta.deletedFileRetentionDuration``; after that a
+# full vacuum (the platform's) judges the file by its modification time alone, so it is deleted
+# (never leaked) once older than the vacuum retention, but a file written long ago and compacted
+# away recently goes at once, under a reader that opened its snapshot within the retention. A
+# tombstone retention at least the vacuum's keeps that reader's files; a longer one protects
+# nothing more and costs every open of the queue a tombstone per compacted file (Delta's default,
+# a week, left 10,000 in a 10,000-step home queue's checkpoint). A vacuum with a retention longer
+# than this one does not protect readers for its whole retention (see docs/benchmarks.md,
+# "Tombstones and recovery").
+QUEUE_TOMBSTONE_RETENTION = f"interval {DEFAULT_VACUUM_RETENTION_HOURS} hours"
+QUEUE_TOMBSTONE_PROPERTY = {"delta.deletedFileRetentionDuration": QUEUE_TOMBSTONE_RETENTION}
 # Row groups of compacted files: small enough that a tail read (the last few offsets) decodes one
 # 16k-row group, found by its _offset statistics, instead of a whole compacted file.
 COMPACT_ROW_GROUP_ROWS = 16_384
