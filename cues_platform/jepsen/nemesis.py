@@ -2,7 +2,8 @@
 maintenance racing with appends and readers.
 
 Every child is started with ``start_new_session=True`` so it leads its own process group, and is
-killed with ``os.killpg``: a runner's group holds its Spark JVM, which dies with it.
+killed with ``os.killpg``: a runner's Spark JVM is in a process group of its own and exits when
+the runner dies (its gateway's stdin closes: ``spark/session.py``).
 
 Kinds of fault (chosen by the seeded random generator; the moments depend on the machine's
 speed, so a replay re-runs the same kinds in the same order against the same keys):

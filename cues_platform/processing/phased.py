@@ -54,12 +54,11 @@ class PhasedStep:
         if graph.processors.get(processor.id) is not processor:
             raise GraphError(f"processor {processor.id!r} is not in graph {graph.name!r}",
                              processor=processor.id)
+        from cues_platform.processing.deployments import check_and_record
         from cues_platform.processing.runner import create_queues
 
-        create_queues(graph, lake)  # as GraphRunner does: a new lake needs no set-up
-        from cues_platform.processing.deployments import check_and_record
-
         check_and_record(graph, lake, only=[processor.id])  # a changed graph: continued or refused
+        create_queues(graph, lake)  # as GraphRunner does: a new lake needs no set-up
         stepper = make_stepper(graph=graph, processor=processor, lake=lake, spark=spark,
                                resources=resources, hook=hook)
         return cls(stepper, None)

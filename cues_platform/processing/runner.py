@@ -66,10 +66,11 @@ class GraphRunner:
         self.graph, self.lake, self.keep_results = graph, lake, keep_results
         # what the runner does, event by event (processing/events.py); None: nothing emitted
         self.events: EventSink = events or (lambda _event, _fields: None)
-        create_queues(graph, lake)
-        # a changed graph is continued exactly once or refused here, before any step
+        # a changed graph is continued exactly once or refused here, before any step (and before
+        # its new queues are created: a refused graph leaves nothing behind)
         check_and_record(graph, lake, only=None if only is None else [
             pid for pid, p in graph.processors.items() if pid in only or p.family in only])
+        create_queues(graph, lake)
         if spark is None:
             from cues_platform.spark import get_spark
 

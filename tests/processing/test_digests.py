@@ -10,7 +10,12 @@ from deltalake import DeltaTable
 
 from cues_platform.audit import audit
 from cues_platform.processing import BackingQueue, GraphRunner, Range, Snapshot
-from cues_platform.processing.history import HomeDigests, commit_records, log_records, processor_history
+from cues_platform.processing.history import (
+    HomeDigests,
+    commit_records,
+    log_records,
+    processor_history,
+)
 from cues_platform.queues import maintenance
 from tests.processing.graphs import PID, build_graph, check_exact, load_inputs
 
@@ -135,7 +140,16 @@ def test_a_busy_lanes_digest_keeps_a_quiet_lanes_step_records_however_old(spark,
     step commit, which no digest held: the audit then failed for good on an exact delivery.
     Now the digest holds every processor's steps of the home before anything is trimmed, and no
     entry is dropped by age."""
-    from cues_platform.processing import ERROR_SCHEMA, Graph, In, Kind, Options, Out, Processor, QueueDef
+    from cues_platform.processing import (
+        ERROR_SCHEMA,
+        Graph,
+        In,
+        Kind,
+        Options,
+        Out,
+        Processor,
+        QueueDef,
+    )
     from tests.support import PAYLOAD, rows
 
     def copy(ctx, src):
