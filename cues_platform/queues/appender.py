@@ -29,6 +29,15 @@ returns the same offsets instead of writing twice.
 
 delta-rs records app transactions but does not enforce their order (a lower version is accepted),
 which is why step 2 checks versions itself; step 5's conflict makes that check race-free.
+
+Expiry (issue 23): only the app transactions whose loss is detected and typed carry
+``lastUpdated`` (:func:`app_transaction`, stamped with :func:`cues_platform.clock.now_ms` at the
+commit), so ``delta.setTransactionRetentionDuration`` forgets them once idle that long: a
+producer's ``prod:`` and ``pepoch:`` (an instance whose epoch is gone raises
+``UnknownProducerIdError``, never writes twice) and a queue's per-transaction marker ``txn:``
+(readers ask the coordinator, which keeps every decision). Every other app transaction
+(``part:`` offsets, a processor's ``proc:``, ``pos:``, ``epoch:``) has no ``lastUpdated`` and
+never expires: delta-rs keeps such an entry whatever the retention (tests/queues/test_expiry.py).
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
+from cues_platform.clock import now_ms
 from cues_platform.queues.errors import BatchError, ConcurrentAppendError
 from cues_platform.queues.faults import translated
 from cues_platform.queues.maintenance import COMMIT_HOOKS
@@ -66,6 +76,23 @@ from cues_platform.queues.schema import (
 
 if TYPE_CHECKING:
     from cues_platform.queues.queue import Queue
+
+# app ids that may expire (see the module docstring); everything else never does
+EXPIRING_PREFIXES = ("prod:", "pepoch:", "txn:")
+
+
+def expires(app_id: str) -> bool:
+    """Whether ``app_id`` is written with ``lastUpdated`` (may be expired by Delta's retention)."""
+    return app_id.startswith(EXPIRING_PREFIXES)
+
+
+def app_transaction(app_id: str, version: int, *, at_ms: int) -> Transaction:
+    """The Delta app transaction ``app_id = version``; with ``lastUpdated = at_ms`` only if
+    :func:`expires` says it may expire."""
+    if expires(app_id):
+        return Transaction(app_id, version, last_updated=at_ms)
+    return Transaction(app_id, version)
+
 
 DEFAULT_MAX_ATTEMPTS = 200
 REBASE_RETRIES = 100  # delta-rs rebases over non-conflicting commits (step 5)
@@ -250,7 +277,9 @@ def _attempt(
         ranges[partition] = (start, end)
         parts.append(_with_metadata(table, partition=partition, start=start, opts=opts, now=now))
         txns.append(Transaction(f"part:{partition}", end))
-    txns += [Transaction(app_id, version) for app_id, version in opts.app_transactions]
+    at_ms = now_ms()
+    txns += [app_transaction(app_id, version, at_ms=at_ms)
+             for app_id, version in opts.app_transactions]
     if not parts:
         data = queue.table_schema.empty_table()
     else:

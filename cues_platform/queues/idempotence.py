@@ -45,6 +45,24 @@ Delivery contract of one send of batch ``B`` under ``(producer id P, epoch E, se
 
 So a sequence number is acknowledged only for the batch whose digest the log holds: a lost
 acknowledgement followed by a different batch raises instead of returning ``duplicate=True``.
+
+Expiry (issue 23; Kafka's producer-id expiration and ``UnknownProducerId``). ``prod:P`` and
+``pepoch:P`` carry ``lastUpdated`` (appender.py) and are always written together with the same
+stamp (an open restates ``prod:P``), so with ``delta.setTransactionRetentionDuration`` set they
+vanish together once the id is idle that long. Then:
+
+* the instance that held the expired epoch finds no ``pepoch:P`` at step 4 and raises
+  :class:`UnknownProducerIdError` (final for it, nothing written): open a new producer;
+* an open that finds no ``pepoch:P`` on a table with that retention (a new id, or an expired
+  one) takes the epoch ``clock.now_ms()`` instead of 0 (:func:`first_epoch`): never the epoch of
+  an instance that expired (that one was taken at least the retention earlier), so an old
+  instance is fenced, not revived, by it;
+* a send under ``S > 0`` while ``prod:P`` is absent (no committed sequence: a new id, or an
+  expired one, so a resend cannot be told from a gap) looks for the commit of ``P#S`` in the log
+  as step 4 does: the same digest returns the original offsets (``duplicate=True``), a different
+  one raises :class:`SequenceMismatchError`, none raises :class:`UnknownProducerIdError`. It is
+  never written again, and never told to "resend the gap" (which would duplicate what expired).
+  A new instance's own sequences start again at 0 (such a duplicate does not move them).
 """
 
 from __future__ import annotations
@@ -57,10 +75,11 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from cues_platform.queues.appender import AppendResult, Guard, append_batches
+from cues_platform.clock import now_ms
+from cues_platform.queues.appender import AppendResult, Guard, app_transaction, append_batches
 from cues_platform.queues.errors import (
     ConcurrentAppendError,
     PendingSendError,
@@ -77,12 +96,27 @@ from cues_platform.queues.schema import (
     check_int,
     check_options,
 )
+from cues_platform.queues.snapshot_cache import RETENTION_KEY
 
 if TYPE_CHECKING:
     from cues_platform.queues.queue import Queue
 
 DIGEST_VERSION = b"cues-batch-digest-v1"
 HISTORY_FIRST = 16  # commits read first when looking up a sequence's commit (x4 each round)
+UNKNOWN_PRODUCER_KEY = "cues.unknown_producer"  # metadata of a duplicate found for an unknown id
+
+
+class UnknownProducerIdError(SequenceError):
+    """The queue holds no state of this producer id (Kafka's ``UnknownProducerIdException``): the
+    instance's epoch expired (``delta.setTransactionRetentionDuration``), or a send under a
+    sequence above 0 found no committed sequence and no commit of that sequence to verify it
+    against. Nothing was written. Not retryable: open a new producer (a new epoch; its sequences
+    start at 0) and check on the queue whether the data of an unacknowledged send landed.
+
+    Carries ``queue``, ``producer_id``, ``sequence``, ``epoch`` (this instance's, or None) and
+    ``expected`` (0). An instance whose epoch expired is finished (every later call raises it)."""
+
+    retryable = False
 
 
 def producer_app_id(producer_id: str) -> str:
@@ -156,13 +190,19 @@ def open_epoch(queue: Queue, producer_id: str, *, max_attempts: int = 200) -> in
             # (its commit would move the snapshot and delta-rs would see no conflict)
             with queue.writing() as dt:
                 newest = dt.transaction_version(app_id)
-                epoch = 0 if newest is None else int(newest) + 1
+                epoch = int(newest) + 1 if newest is not None else first_epoch(dt)
+                at_ms = now_ms()
+                txns = [app_transaction(app_id, epoch, at_ms=at_ms)]
+                last = dt.transaction_version(producer_app_id(producer_id))
+                if last is not None:  # restated: prod: and pepoch: always expire together
+                    txns.append(app_transaction(producer_app_id(producer_id), int(last),
+                                                at_ms=at_ms))
                 write_deltalake(
                     dt,
                     queue.table_schema.empty_table(),
                     mode="append",
                     commit_properties=CommitProperties(
-                        app_transactions=[Transaction(app_id, epoch)],
+                        app_transactions=txns,
                         custom_metadata={
                             "cues.queue": queue.name,
                             "cues.epoch": f"{producer_id}@{epoch}",
@@ -181,6 +221,16 @@ def open_epoch(queue: Queue, producer_id: str, *, max_attempts: int = 200) -> in
         queue=queue.name,
         producer_id=producer_id,
     )
+
+
+def first_epoch(dt: DeltaTable) -> int:
+    """The epoch of an open that finds none: 0 on a table that expires nothing; on a table with
+    ``delta.setTransactionRetentionDuration`` (the id may be new or expired) the clock's
+    milliseconds, never the epoch of an instance that expired (taken at least the retention
+    earlier, or a small counter)."""
+    if RETENTION_KEY in dt.metadata().configuration:
+        return now_ms()
+    return 0
 
 
 # -- the guard -----------------------------------------------------------------------------------
@@ -216,7 +266,18 @@ def idempotence_guard(
 
     def guard(dt: DeltaTable) -> AppendResult | None:
         newest = dt.transaction_version(epoch_app_id(producer_id))
-        if newest is None or int(newest) != epoch:
+        if newest is None:
+            raise UnknownProducerIdError(
+                f"queue {queue.name!r}: producer {producer_id!r} (epoch {epoch}) is unknown to the "
+                "queue: its epoch and sequence expired after the app-transaction retention "
+                "(delta.setTransactionRetentionDuration) while it was idle; nothing was written "
+                f"(sequence {sequence}). This instance cannot send again: open a new producer "
+                "(a new epoch, sequences from 0) and check on the queue whether an "
+                "unacknowledged batch landed before sending it again",
+                queue=queue.name, producer_id=producer_id, sequence=sequence, epoch=epoch,
+                expected=0, expired=True,
+            )
+        if int(newest) != epoch:
             raise ProducerFencedError(
                 f"queue {queue.name!r}: producer {producer_id!r} (epoch {epoch}) was fenced: "
                 f"a newer instance opened the same producer id (epoch {newest}); this instance "
@@ -231,6 +292,11 @@ def idempotence_guard(
         if sequence == expected:
             return None
         data = {"queue": queue.name, "producer_id": producer_id, "sequence": sequence}
+        if last is None:
+            # no committed sequence: a new id or an expired one; a resend cannot be told from a
+            # gap, so only the log can acknowledge it
+            return _unknown_sequence(queue, dt, producer_id=producer_id, sequence=sequence,
+                                     digest=digest, epoch=epoch)
         if sequence > expected:
             raise SequenceError(
                 f"queue {queue.name!r}: producer {producer_id!r} sent sequence {sequence} but the "
@@ -272,6 +338,41 @@ def idempotence_guard(
     return guard
 
 
+def _unknown_sequence(
+    queue: Queue, dt: DeltaTable, *, producer_id: str, sequence: int, digest: str, epoch: int
+) -> AppendResult:
+    commit = find_commit(queue, dt, producer_id, sequence)
+    stored = None if commit is None else commit.get("cues.digest")
+    if commit is None or stored is None or "cues.ranges" not in commit:
+        raise UnknownProducerIdError(
+            f"queue {queue.name!r}: producer {producer_id!r} sent sequence {sequence} but the "
+            "queue holds no committed sequence of it (it never sent here, or its state expired "
+            "after the app-transaction retention) and no commit of that sequence to verify a "
+            "resend against; nothing was written. If this is a resend, check on the queue whether "
+            "the data landed; send new batches from sequence 0 (or without a sequence)",
+            queue=queue.name, producer_id=producer_id, sequence=sequence, epoch=epoch,
+            expected=0, expired=False,
+        )
+    if stored != digest:
+        raise SequenceMismatchError(
+            f"queue {queue.name!r}: producer {producer_id!r} resent sequence {sequence} with "
+            f"different content (digest {digest}, stored {stored}) and the queue holds no "
+            "committed sequence of it (expired, or never sent since): nothing was written; send "
+            "this batch from sequence 0 (or without a sequence)",
+            queue=queue.name, producer_id=producer_id, sequence=sequence, digest=digest,
+            stored_digest=stored, expected=0,
+        )
+    return AppendResult(
+        queue=queue.name,
+        ranges=_parse_ranges(commit["cues.ranges"]),
+        duplicate=True,
+        # acknowledged from the log of an id the queue no longer knows: the instance's own
+        # sequences are not moved by it (they start at 0 again)
+        metadata={"cues.version": commit.get("version"), "cues.digest": stored,
+                  UNKNOWN_PRODUCER_KEY: "true"},
+    )
+
+
 # -- the per-instance state ----------------------------------------------------------------------
 class SequenceState:
     """One producer instance's idempotence on one queue (steps 1, 2, 3 and 6 of the contract).
@@ -286,7 +387,7 @@ class SequenceState:
         last = committed_sequence(queue, producer_id)
         self.next_sequence = 0 if last is None else last + 1
         self.pending: tuple[int, str] | None = None
-        self.fenced: ProducerFencedError | None = None
+        self.fenced: ProducerFencedError | UnknownProducerIdError | None = None
 
     def open(self) -> int:
         """Step 1 (once): open a new epoch, then read the committed sequence on a snapshot that
@@ -299,7 +400,7 @@ class SequenceState:
 
     def check_usable(self) -> None:
         if self.fenced is not None:
-            raise ProducerFencedError(self.fenced.message, **self.fenced.data)
+            raise type(self.fenced)(self.fenced.message, **self.fenced.data)
 
     def reset(self) -> None:
         """Forget a pending send: read the committed sequence again (the call that failed has
@@ -394,11 +495,16 @@ class SequenceState:
             # Step 6: final for this instance
             self.fenced, self.pending = exc, None
             raise
+        except UnknownProducerIdError as exc:
+            if exc.data.get("expired"):  # this instance's epoch is gone: final, like a fence
+                self.fenced, self.pending = exc, None
+            raise
         except (SequenceError, ConcurrentAppendError):
             raise  # Step 6: refused before any commit of this call
         except BaseException:
             self.pending = (seq, digest)  # Step 6: may have landed
             raise
         self.pending = None
-        self.next_sequence = max(self.next_sequence, seq + 1)
+        if UNKNOWN_PRODUCER_KEY not in result.metadata:
+            self.next_sequence = max(self.next_sequence, seq + 1)
         return result

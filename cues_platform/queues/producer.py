@@ -10,7 +10,11 @@ or ``open()``) bumps the epoch of its id and fences older instances (their next 
 batch has a sequence number and a digest of its content, committed atomically with the batch.
 Resending a committed sequence with the same content (the acknowledgement was lost) returns the
 original offsets with ``duplicate=True`` and writes nothing; different content raises
-:class:`SequenceMismatchError`; a gap raises :class:`SequenceError`. After a failed send the only
+:class:`SequenceMismatchError`; a gap raises :class:`SequenceError`. An id idle longer than the
+queue's app-transaction retention expires: the instance that held it raises
+:class:`UnknownProducerIdError` (nothing written; open a new producer, whose sequences start at
+0), and a resend under a sequence the queue no longer knows is acknowledged only if the log
+still holds that commit with the same digest. After a failed send the only
 accepted call is the same batch again (:class:`PendingSendError` otherwise) or a new producer.
 """
 
@@ -32,7 +36,11 @@ from cues_platform.queues.errors import (
     QueueError,
     SequenceError,
 )
-from cues_platform.queues.idempotence import SequenceState, producer_app_id
+from cues_platform.queues.idempotence import (
+    SequenceState,
+    UnknownProducerIdError,
+    producer_app_id,
+)
 from cues_platform.queues.names import validate_id
 from cues_platform.queues.schema import (
     SEND_OPTIONS,
@@ -47,7 +55,8 @@ from cues_platform.queues.schema import (
 if TYPE_CHECKING:
     from cues_platform.queues.queue import Queue
 
-__all__ = ["Acks", "AsyncProducer", "PendingAppend", "Producer", "make_producer", "producer_app_id"]
+__all__ = ["Acks", "AsyncProducer", "PendingAppend", "Producer", "UnknownProducerIdError",
+           "make_producer", "producer_app_id"]
 
 
 class Acks(StrEnum):

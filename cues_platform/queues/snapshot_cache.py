@@ -17,6 +17,11 @@ Two rules keep it exact:
    transactions are ``v``'s overwritten by the commit's own. Otherwise ``v + 1`` is read lazily
    like any version.
 
+3. With that retention set, an app id that may expire (``appender.expires``: ``prod:``,
+   ``pepoch:``, ``txn:``) is never answered from the cache: delta-rs drops an expired entry when
+   it loads a snapshot, measured against the time of the load, so what one version says of it
+   changes with time. Ids that never expire (``part:``, ``proc:``...) are cached as before.
+
 Only the newest two versions are kept (a handle moves forward; older snapshots are rare).
 """
 
@@ -28,6 +33,8 @@ from typing import Any
 
 import pyarrow as pa
 from deltalake import DeltaTable
+
+from cues_platform.queues.appender import expires
 
 RETENTION_KEY = "delta.setTransactionRetentionDuration"
 _ABSENT = -1  # stored for an app id the version does not have (versions are >= 0)
@@ -45,6 +52,9 @@ class SnapshotCache:
         return dt.metadata().id, dt.version()
 
     def transaction_version(self, dt: DeltaTable, app_id: str) -> int | None:
+        if expires(app_id) and RETENTION_KEY in dt.metadata().configuration:  # rule 3
+            v = dt.transaction_version(app_id)
+            return None if v is None else int(v)
         key = self.key(dt)
         with self._lock:
             known = self._txns.get(key, {}).get(app_id)

@@ -45,7 +45,8 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from cues_platform.queues.appender import AppendResult, prepare_batches
+from cues_platform.clock import now_ms
+from cues_platform.queues.appender import AppendResult, app_transaction, prepare_batches
 from cues_platform.queues.errors import (
     ConcurrentAppendError,
     ProducerFencedError,
@@ -201,7 +202,9 @@ def _write_marker(dt: DeltaTable, queue: Queue, txn_id: str, status: TxnStatus) 
         queue.table_schema.empty_table(),
         mode="append",
         commit_properties=CommitProperties(
-            app_transactions=[Transaction(txn_app_id(txn_id), int(status))],
+            # the queue's marker may expire (readers then ask the coordinator, whose ``txn:``
+            # entries carry no lastUpdated and never expire: an absent one reads as aborted)
+            app_transactions=[app_transaction(txn_app_id(txn_id), int(status), at_ms=now_ms())],
             max_commit_retries=100,
             custom_metadata={"cues.txn": txn_id, "cues.action": status.name.lower()},
         ),
