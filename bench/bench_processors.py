@@ -266,6 +266,88 @@ def recovery_time(spark, histories: list[int], runs: int) -> dict:
     return out
 
 
+def _checkpoint_tombstones(uri: str) -> int:
+    """Remove actions (tombstones) in the newest checkpoint of the table at ``uri``."""
+    import pyarrow.parquet as pq
+
+    log = Path(uri.removeprefix("file://")) / "_delta_log"
+    newest = max(log.glob("*.checkpoint.parquet"))
+    return sum(1 for r in pq.read_table(newest, columns=["remove"]).column("remove").to_pylist() if r)
+
+
+def recovery_at_tombstone_retention(spark, histories: list[int], rounds: int, runs: int) -> dict:
+    """Recovery after ``n`` steps with the home queue at the queue tombstone retention
+    (``maintenance.QUEUE_TOMBSTONE_PROPERTY``, 24 h, set on the home as ``Lake.create_queue``
+    sets it), maintained as ``cues queue maintain`` does (compaction, checkpoint, vacuum at the
+    default 24 h), in two ages:
+
+    - ``fresh``: the maintenance checkpoint is written right after the compaction, so it keeps
+      every compacted step's tombstone (a processor that steps more than ``n`` times a day);
+    - ``aged``: the checkpoint is written more than the tombstone retention after the
+      compaction, so it drops them. Emulated: the retention is set to 0 hours for that one
+      checkpoint and back to 24 h (delta-rs takes its clock from the system; a checkpoint keeps
+      a tombstone while ``now - deletionTimestamp`` is below the retention).
+
+    Every history is built once; each round times every (n, age) once, the order rotated by one
+    every round; medians of ``runs`` recoveries per round, then medians over rounds."""
+    import gc
+
+    from cues_platform.queues import maintenance
+
+    ages = ("fresh", "aged")
+    cases = [(n, age) for n in histories for age in ages]
+    roots: dict[tuple[int, str], str] = {}
+    graphs: dict[tuple[int, str], Graph] = {}
+    out: dict = {"tombstone_retention": maintenance.QUEUE_TOMBSTONE_RETENTION,
+                 "vacuum_retention_hours": maintenance.DEFAULT_VACUUM_RETENTION_HOURS,
+                 "rounds": rounds, "runs_per_round": runs, "cases": {}}
+    try:
+        for n, age in cases:
+            root = tempfile.mkdtemp(prefix="cues-bench-")
+            roots[(n, age)] = root
+            lake = Lake(root=root)
+            g = graphs[(n, age)] = graph(Strategy.EXACTLY_ONCE, 10)
+            create_queues(g, lake)
+            lake.queue("converted").refresh().alter.set_table_properties(maintenance.QUEUE_TOMBSTONE_PROPERTY)
+            build_history(lake, g, n)
+            home = Lake(root=root).queue("converted")
+            maintenance.compact(home)
+            if age == "aged":
+                home.refresh().alter.set_table_properties({"delta.deletedFileRetentionDuration": "interval 0 hours"})
+                maintenance.checkpoint(home)
+                home.refresh().alter.set_table_properties(maintenance.QUEUE_TOMBSTONE_PROPERTY)
+            maintenance.maintain(Lake(root=root).queue("converted"))
+            props = DeltaTable(home.uri).metadata().configuration
+            assert props["delta.deletedFileRetentionDuration"] == maintenance.QUEUE_TOMBSTONE_RETENTION, props
+            out["cases"][f"{n}_{age}"] = {"steps": n, "age": age,
+                                          "home_checkpoint_tombstones": _checkpoint_tombstones(home.uri),
+                                          "per_round_medians_s": [], "orders": []}
+            print(n, age, out["cases"][f"{n}_{age}"]["home_checkpoint_tombstones"], "tombstones", flush=True)
+        for r in range(rounds):
+            order = cases[r % len(cases):] + cases[: r % len(cases)]
+            for n, age in order:
+                gc.collect()
+                jvm = getattr(spark, "_jvm", None)
+                if jvm is not None:
+                    jvm.System.gc()
+                case = out["cases"][f"{n}_{age}"]
+                case["per_round_medians_s"].append(time_recovery(spark, roots[(n, age)], graphs[(n, age)], n, runs))
+                case["orders"].append(r)
+            print("round", r, [f"{n}_{age}" for n, age in order], flush=True)
+    finally:
+        for root in roots.values():
+            shutil.rmtree(root, ignore_errors=True)
+    small, large = histories[0], histories[-1]
+    for age in ages:
+        a = out["cases"][f"{small}_{age}"]["per_round_medians_s"]
+        b = out["cases"][f"{large}_{age}"]["per_round_medians_s"]
+        out[f"ratio_{large}_over_{small}_{age}_per_round"] = [y / x for x, y in zip(a, b, strict=True)]
+        out[f"ratio_{large}_over_{small}_{age}_median"] = median(out[f"ratio_{large}_over_{small}_{age}_per_round"])
+        for key in (f"{small}_{age}", f"{large}_{age}"):
+            out["cases"][key]["recover_s_median"] = median(out["cases"][key]["per_round_medians_s"])
+    return out
+
+
 def peak_memory(spark, batch: int) -> dict:
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     result = run_graph(spark, Strategy.EXACTLY_ONCE, batch, 1)
@@ -277,9 +359,19 @@ def peak_memory(spark, batch: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", choices=["recovery"], help="re-measure one part; merged into the JSON")
+    parser.add_argument("--only", choices=["recovery", "recovery-tombstones"],
+                        help="re-measure one part; merged into the JSON (recovery-tombstones: its own "
+                             "JSON, bench/results/recovery_tombstones.json)")
+    parser.add_argument("--rounds", type=int, default=5, help="recovery-tombstones: rounds")
     args = parser.parse_args()
     spark = get_spark()
+    if args.only == "recovery-tombstones":
+        histories = [10, 200] if args.quick else [10, 10_000]
+        results = recovery_at_tombstone_retention(spark, histories, args.rounds, 5)
+        results["machine"] = machine_info()
+        name = "recovery_tombstones-quick.json" if args.quick else "recovery_tombstones.json"
+        print("wrote", write_json(Path(__file__).parent / "results" / name, results))
+        return
     out_path = Path(__file__).parent / "results" / ("processors-quick.json" if args.quick else "processors.json")
     if args.only == "recovery":
         import json
