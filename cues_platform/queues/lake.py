@@ -38,7 +38,7 @@ from cues_platform.queues.integrity import (
     leftover_content,
     open_delta_table,
 )
-from cues_platform.queues.maintenance import NO_LOG_CLEANUP_PROPERTY
+from cues_platform.queues.maintenance import NO_LOG_CLEANUP_PROPERTY, QUEUE_TOMBSTONE_PROPERTY
 from cues_platform.queues.names import join_uri, validate_name, validate_partition
 from cues_platform.queues.schema import (
     APPEND_TIME,
@@ -154,6 +154,8 @@ class Lake:
                     FORMAT_KEY: "1",
                     "delta.checkpointInterval": "100",
                     **NO_LOG_CLEANUP_PROPERTY,  # log cleanup is maintenance's (see COMMIT_HOOKS)
+                    # tombstones kept exactly as long as vacuum's retention (maintenance.py)
+                    **QUEUE_TOMBSTONE_PROPERTY,
                     # File statistics only where the queue layer prunes by them: computing min/max
                     # of every payload column took a third of a small append's commit.
                     "delta.dataSkippingStatsColumns": STATS_COLUMNS,

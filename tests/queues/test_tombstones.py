@@ -189,3 +189,12 @@ def test_full_vacuum_after_a_compaction_deletes_exactly_what_the_model_says(
         if TOMBSTONE_RETENTION_HOURS[tombstone_retention] >= vacuum_hours:
             assert sorted(reader.to_pyarrow_table().column("id").to_pylist()) == list(range(12))
         assert q.read_arrow(partition="0").column("id").to_pylist() == list(range(12))
+
+
+def test_a_new_queue_keeps_tombstones_for_the_vacuum_retention(make_queue):
+    from deltalake import DeltaTable
+
+    from cues_platform.queues.maintenance import QUEUE_TOMBSTONE_RETENTION
+
+    config = DeltaTable(make_queue().uri).metadata().configuration
+    assert config["delta.deletedFileRetentionDuration"] == QUEUE_TOMBSTONE_RETENTION == "interval 24 hours"
