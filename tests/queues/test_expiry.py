@@ -223,6 +223,18 @@ def test_an_expired_queue_marker_is_resolved_from_the_coordinator(lake) -> None:
     assert not [t for t in checkpoint_txns(q.uri) if t["appId"].startswith("txn:")]
     fresh = lake.queue("events")
     assert fresh.read_arrow(partition="0", isolation="read_committed")["id"].to_pylist() == [0, 1]
+    # the same transactional producer, idle past the retention: its epoch on the queue is gone
+    txp.begin()
+    with pytest.raises(UnknownProducerIdError):
+        txp.send(q, rows(7, 1), partition="0")
+    txp.abort()
+    txp.init_transactions()  # new epochs on the queues at the next send
+    txp.begin()
+    txp.send(q, rows(8, 1), partition="0")
+    txp.commit()
+    assert fresh.read_arrow(partition="0", isolation="read_uncommitted")["id"].to_pylist() == [
+        0, 1, 5, 8]
+    assert fresh.read_arrow(partition="0", isolation="read_committed")["id"].to_pylist() == [0, 1, 8]
 
 
 # -- 4. the snapshot cache -----------------------------------------------------------------------
