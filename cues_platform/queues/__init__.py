@@ -22,6 +22,7 @@ from cues_platform.queues.errors import (
     StorageUnreachableError,
     TransactionStateError,
     UnknownPartitionError,
+    UnknownProducerIdError,
 )
 from cues_platform.queues.lake import Lake
 from cues_platform.queues.producer import Acks, AsyncProducer, Producer
@@ -55,6 +56,7 @@ __all__ = [
     "SchemaError",
     "SequenceError",
     "SequenceMismatchError",
+    "UnknownProducerIdError",
     "StorageUnreachableError",
     "Tailer",
     "TransactionStateError",

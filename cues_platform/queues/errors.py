@@ -51,6 +51,19 @@ class SequenceError(QueueError):
     """An idempotent producer sent a sequence number out of order (a gap or a regression)."""
 
 
+
+class UnknownProducerIdError(SequenceError):
+    """The queue holds no state of this producer id (Kafka's ``UnknownProducerIdException``): the
+    instance's epoch expired (``delta.setTransactionRetentionDuration``), or a send under a
+    sequence above 0 found no committed sequence and no commit of that sequence to verify it
+    against. Nothing was written. Not retryable: open a new producer (a new epoch; its sequences
+    start at 0) and check on the queue whether the data of an unacknowledged send landed.
+
+    Carries ``queue``, ``producer_id``, ``sequence``, ``epoch`` (this instance's, or None) and
+    ``expected`` (0). An instance whose epoch expired is finished (every later call raises it)."""
+
+    retryable = False
+
 class SequenceMismatchError(SequenceError):
     """A resend of a committed (producer id, sequence) whose content differs from what was stored.
 

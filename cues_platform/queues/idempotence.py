@@ -86,6 +86,7 @@ from cues_platform.queues.errors import (
     ProducerFencedError,
     SequenceError,
     SequenceMismatchError,
+    UnknownProducerIdError,
 )
 from cues_platform.queues.maintenance import COMMIT_HOOKS
 from cues_platform.queues.schema import (
@@ -104,19 +105,6 @@ if TYPE_CHECKING:
 DIGEST_VERSION = b"cues-batch-digest-v1"
 HISTORY_FIRST = 16  # commits read first when looking up a sequence's commit (x4 each round)
 UNKNOWN_PRODUCER_KEY = "cues.unknown_producer"  # metadata of a duplicate found for an unknown id
-
-
-class UnknownProducerIdError(SequenceError):
-    """The queue holds no state of this producer id (Kafka's ``UnknownProducerIdException``): the
-    instance's epoch expired (``delta.setTransactionRetentionDuration``), or a send under a
-    sequence above 0 found no committed sequence and no commit of that sequence to verify it
-    against. Nothing was written. Not retryable: open a new producer (a new epoch; its sequences
-    start at 0) and check on the queue whether the data of an unacknowledged send landed.
-
-    Carries ``queue``, ``producer_id``, ``sequence``, ``epoch`` (this instance's, or None) and
-    ``expected`` (0). An instance whose epoch expired is finished (every later call raises it)."""
-
-    retryable = False
 
 
 def producer_app_id(producer_id: str) -> str:

@@ -189,10 +189,13 @@ def trim_log(storage: TableStorage, *, upto: int | None = None) -> int:
 def set_app_transaction_retention(queue: Queue, *, days: int) -> None:
     """Let Delta forget producer ids and transaction markers idle for ``days``.
 
-    Safe for offsets: a partition whose offset transaction expired gets its next offset from file
-    statistics instead. An expired producer id starts again at sequence 0 (Kafka's producer-id
-    expiration), and an expired transaction marker is resolved from the coordinator, which keeps
-    every decision.
+    Only producer ids (``prod:``), producer epochs (``pepoch:``) and a queue's per-transaction
+    markers (``txn:``) carry ``lastUpdated`` and can expire (``appender.expires``): an expired
+    producer id's old instance raises ``UnknownProducerIdError`` and a new instance opens a new
+    epoch and starts again at sequence 0 (``idempotence.py``); an expired transaction marker is
+    resolved from the coordinator, which keeps every decision. Offsets (``part:``), processor
+    state, tailer positions, the coordinator's and sinks' state carry no ``lastUpdated`` and never
+    expire.
     """
     if days < 1:
         raise ConfigurationError("app-transaction retention must be at least 1 day")
