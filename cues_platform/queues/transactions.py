@@ -24,7 +24,18 @@ Delivery contract of one transaction:
 
 On abort (crash) before 3 the transaction stays open; the next ``init_transactions`` of the same
 transactional id bumps the epoch (fencing the old instance: its decision fails with
-:class:`ProducerFencedError`) and aborts it. A crash after 3 is finished by rolling the markers
+:class:`ProducerFencedError`) and aborts it.
+
+Timeout (Kafka's ``transaction.timeout.ms``, default 60 s): ``begin`` records the transaction's
+deadline in the coordinator (``dl:{txn id}`` = deadline in ms of the platform clock,
+``cues_platform/clock.py``), and the first send to each queue registers that queue there (an
+``add`` row, Kafka's AddPartitionsToTxn). A transaction still open past its deadline is aborted by
+whoever next sees it: a ``read_committed`` reader computing the last stable offset, the sweep
+(:func:`abort_expired`: maintenance, ``cues txn``, every ``init_transactions``), or its own
+owner's ``commit``. That abort is one guarded coordinator decision like any other (it conflicts
+with a concurrent commit: exactly one lands) which also raises ``tid:`` past the transaction's
+epoch, so the stalled owner's later send or commit fails with :class:`ProducerFencedError` saying
+the transaction timed out. ``cues txn abort`` is the same decision without the deadline. A crash after 3 is finished by rolling the markers
 forward. Rows of a transaction id the coordinator never opened can never commit and count as
 aborted.
 """
@@ -36,6 +47,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
@@ -75,6 +87,19 @@ SCHEMA = pa.schema(
 )
 
 
+TIMEOUT = "timeout"
+OPERATOR_ABORT = "operator-abort"
+DECISIONS = ("committed", "aborted", TIMEOUT, OPERATOR_ABORT)
+DEFAULT_TIMEOUT_S = 60.0  # Kafka's transaction.timeout.ms default
+DEFAULT_TIMEOUT_MS = int(DEFAULT_TIMEOUT_S * 1000)
+
+
+class UnknownTransactionError(TransactionStateError):
+    """A transaction id the coordinator never began (``cues txn abort`` of a mistyped id).
+
+    Belongs in ``queues/errors.py`` (kept here until that file's owner moves it)."""
+
+
 class TxnStatus(IntEnum):
     OPEN = 0
     COMMITTED = 1
@@ -108,7 +133,8 @@ class Coordinator:
         transactional_id: str,
         epoch: int,
         action: str,
-        app_transactions: Sequence[tuple[str, int]],
+        app_transactions: Sequence[tuple[str, int]]
+        | Callable[[DeltaTable], Sequence[tuple[str, int]]],
         guard: Callable[[DeltaTable], None],
         queues: Sequence[str] = (),
         during: str = "commit",
@@ -117,7 +143,8 @@ class Coordinator:
         """Append one coordinator row with ``app_transactions``, ``guard`` checked on the
         snapshot the commit is built on. A storage fault is one typed error (``faults.py``)
         whose advice is that of ``during``; ``after_commit`` runs right after the commit, inside
-        the same translation (an exception there is a lost acknowledgement: crash tests)."""
+        the same translation (an exception there is a lost acknowledgement: crash tests).
+        ``app_transactions`` may be a function of that snapshot (called after the guard)."""
         row = pa.table(
             {
                 "txn_id": [txn_id],
@@ -125,7 +152,7 @@ class Coordinator:
                 "epoch": [epoch],
                 "action": [action],
                 "queues": [json.dumps(sorted(queues))],
-                "at": [datetime.now(UTC)],
+                "at": [datetime.fromtimestamp(now_ms() / 1000, UTC)],
             },
             schema=SCHEMA,
         )
@@ -137,12 +164,13 @@ class Coordinator:
                     # the guard and the commit see the same snapshot
                     dt = self.snapshot()
                     guard(dt)
+                    apps = app_transactions(dt) if callable(app_transactions) else app_transactions
                     write_deltalake(
                         dt,
                         row,
                         mode="append",
                         commit_properties=CommitProperties(
-                            app_transactions=[Transaction(a, v) for a, v in app_transactions],
+                            app_transactions=[Transaction(a, v) for a, v in apps],
                             custom_metadata={"cues.txn": txn_id, "cues.action": action},
                         ),
                         post_commithook_properties=COMMIT_HOOKS,
@@ -157,20 +185,168 @@ class Coordinator:
             f"transaction {txn_id}: coordinator stayed contended", txn_id=txn_id
         )
 
-    def decided_queues(self, txn_id: str) -> list[str]:
-        rows = (
+    def rows(self, txn_id: str, *actions: str) -> pa.Table:
+        """The coordinator's rows of ``txn_id`` whose action is one of ``actions``."""
+        return (
             self.snapshot()
             .to_pyarrow_dataset()
-            .to_table(
-                columns=["queues"],
-                filter=(pc.field("txn_id") == txn_id) & (pc.field("action") != "begin"),
-            )
+            .to_table(filter=(pc.field("txn_id") == txn_id)
+                      & pc.is_in(pc.field("action"), pa.array(list(actions), pa.string())))
         )
+
+    def decided_queues(self, txn_id: str) -> list[str]:
+        rows = self.rows(txn_id, *DECISIONS)
         return json.loads(rows["queues"][0].as_py()) if rows.num_rows else []
+
+    def registered_queues(self, txn_id: str) -> list[str]:
+        """The queues the transaction's sends registered (one ``add`` row per queue)."""
+        rows = self.rows(txn_id, "add")
+        return sorted({q for cell in rows["queues"].to_pylist() for q in json.loads(cell or "[]")})
+
+    def decision_action(self, txn_id: str) -> str | None:
+        """How the transaction was decided: committed, aborted, timeout or operator-abort."""
+        rows = self.rows(txn_id, *DECISIONS)
+        return rows["action"][0].as_py() if rows.num_rows else None
+
+    @staticmethod
+    def deadline_ms(txn_id: str, dt: DeltaTable) -> int | None:
+        """The deadline ``begin`` recorded (ms of the platform clock); None before timeouts."""
+        version = dt.transaction_version(deadline_app_id(txn_id))
+        return None if version is None else int(version)
+
+    def expire(
+        self, txn_id: str, *, reason: str = TIMEOUT, require_expired: bool = True,
+        roll_forward: bool = True, default_deadline_ms: int | None = None,
+    ) -> TxnStatus:
+        return self.decide_abort(
+            txn_id, reason=reason, require_expired=require_expired, roll_forward=roll_forward,
+            default_deadline_ms=default_deadline_ms)[0]
+
+    def decide_abort(
+        self, txn_id: str, *, reason: str, require_expired: bool, roll_forward: bool = True,
+        default_deadline_ms: int | None = None,
+    ) -> tuple[TxnStatus, bool]:
+        """Abort ``txn_id`` if it is still open (and, with ``require_expired``, past its deadline,
+        or ``default_deadline_ms`` for a transaction begun before deadlines were recorded); return
+        the coordinator's decision, whoever made it. One guarded coordinator commit that sets
+        ``txn:`` to aborted and raises the transactional id's ``tid:`` past the transaction's
+        epoch (fencing its owner), exactly as a decision of the owner or a newer instance: a
+        concurrent decision conflicts and exactly one lands. :meth:`decide_abort` also says
+        whether this call made the decision."""
+        begun = self.rows(txn_id, "begin")
+        if begun.num_rows == 0:
+            raise UnknownTransactionError(
+                f"transaction {txn_id!r} is unknown to the coordinator (never begun in this lake); "
+                "check the id with `cues txn list`", txn_id=txn_id)
+        tid = begun["transactional_id"][0].as_py()
+        epoch = int(begun["epoch"][0].as_py())
+        queues = self.registered_queues(txn_id)
+        landed: list[TxnStatus] = []
+
+        def guard(dt: DeltaTable) -> None:
+            current = self.status(txn_id, dt)
+            if current is not TxnStatus.OPEN:
+                landed.append(current)
+                raise _AlreadyDecided
+            if require_expired:
+                deadline = self.deadline_ms(txn_id, dt)
+                deadline = default_deadline_ms if deadline is None else deadline
+                if deadline is None or now_ms() <= deadline:
+                    landed.append(TxnStatus.OPEN)
+                    raise _AlreadyDecided
+
+        def fence(dt: DeltaTable) -> list[tuple[str, int]]:
+            newest = dt.transaction_version(f"tid:{tid}")
+            bumped = max(epoch + 1, -1 if newest is None else int(newest))
+            return [(f"tid:{tid}", bumped), (txn_app_id(txn_id), int(TxnStatus.ABORTED))]
+
+        try:
+            self.record(txn_id=txn_id, transactional_id=tid, epoch=epoch, action=reason,
+                        queues=queues, app_transactions=fence, guard=guard, during="decide")
+        except _AlreadyDecided:
+            return landed[-1], False
+        if roll_forward:
+            for name in queues:
+                write_marker(self.lake.queue(name), txn_id, TxnStatus.ABORTED)
+        return TxnStatus.ABORTED, True
+
+    def open_transactions(self) -> list[OpenTransaction]:
+        """Every transaction the coordinator holds open, oldest first."""
+        dt = self.snapshot()
+        begun = dt.to_pyarrow_dataset().to_table(filter=pc.field("action") == "begin")
+        out = []
+        for row in begun.to_pylist():
+            txn = row["txn_id"]
+            if self.status(txn, dt) is not TxnStatus.OPEN:
+                continue
+            began = int(row["at"].timestamp() * 1000)
+            deadline = self.deadline_ms(txn, dt)
+            out.append(OpenTransaction(
+                txn_id=txn, transactional_id=row["transactional_id"], epoch=int(row["epoch"]),
+                began_ms=began,
+                deadline_ms=began + DEFAULT_TIMEOUT_MS if deadline is None else deadline,
+                queues=tuple(self.registered_queues(txn))))
+        return sorted(out, key=lambda t: t.began_ms)
+
+
+def deadline_app_id(txn_id: str) -> str:
+    return f"dl:{txn_id}"
+
+
+@dataclass(frozen=True)
+class OpenTransaction:
+    """An open transaction as ``cues txn list`` shows it (times in ms of the platform clock)."""
+
+    txn_id: str
+    transactional_id: str
+    epoch: int
+    began_ms: int
+    deadline_ms: int
+    queues: tuple[str, ...]
+
+    def age_s(self, now: int | None = None) -> float:
+        return ((now_ms() if now is None else now) - self.began_ms) / 1000
+
+    def expired(self, now: int | None = None) -> bool:
+        return (now_ms() if now is None else now) > self.deadline_ms
+
+
+def open_transactions(lake: Lake) -> list[OpenTransaction]:
+    """The lake's open transactions (``cues txn list``)."""
+    return Coordinator(lake).open_transactions()
+
+
+def abort_expired(lake: Lake, *, coordinator: Coordinator | None = None) -> list[str]:
+    """Abort every open transaction past its deadline (the sweep of maintenance, ``cues txn`` and
+    ``init_transactions``); returns the ids this call aborted."""
+    coordinator = coordinator or Coordinator(lake)
+    aborted = []
+    for txn in coordinator.open_transactions():
+        if txn.expired() and coordinator.expire(
+                txn.txn_id, default_deadline_ms=txn.deadline_ms) is TxnStatus.ABORTED:
+            aborted.append(txn.txn_id)
+    return aborted
+
+
+def abort_transaction(lake: Lake, txn_id: str, *, coordinator: Coordinator | None = None) -> None:
+    """An operator's abort of an open transaction (``cues txn abort``): the same fenced decision
+    as a timeout, without waiting for the deadline. An unknown id raises
+    :class:`UnknownTransactionError`, a decided one :class:`TransactionStateError`."""
+    coordinator = coordinator or Coordinator(lake)
+    status, decided = coordinator.decide_abort(txn_id, reason=OPERATOR_ABORT, require_expired=False)
+    if not decided:
+        action = coordinator.decision_action(txn_id) or status.name.lower()
+        raise TransactionStateError(
+            f"transaction {txn_id!r} is already decided ({action}): "
+            "there is nothing to abort; `cues txn list` shows the open ones",
+            txn_id=txn_id, status=status.name.lower())
 
 
 def resolve_statuses(queue: Queue, dt: DeltaTable, txn_ids: Sequence[str]) -> dict[str, TxnStatus]:
-    """Status of each transaction: the queue's own marker first, else the coordinator."""
+    """Status of each transaction: the queue's own marker first, else the coordinator. An open
+    transaction past its deadline is aborted here (a fenced coordinator decision, no marker
+    written: the coordinator answers the next reader), so a read_committed reader behind a
+    producer that died mid-transaction waits at most the transaction's timeout."""
     out: dict[str, TxnStatus] = {}
     missing = []
     for txn in txn_ids:
@@ -184,6 +360,9 @@ def resolve_statuses(queue: Queue, dt: DeltaTable, txn_ids: Sequence[str]) -> di
         snap = coordinator.snapshot()
         for txn in missing:
             out[txn] = coordinator.status(txn, snap)
+            deadline = coordinator.deadline_ms(txn, snap)
+            if out[txn] is TxnStatus.OPEN and deadline is not None and now_ms() > deadline:
+                out[txn] = coordinator.expire(txn, roll_forward=False)
     return out
 
 
@@ -216,14 +395,22 @@ class TransactionalProducer:
     """Kafka's transactional producer: ``init_transactions`` once, then begin/send/commit|abort.
 
     ``hook`` is called with the name of each step ("begun", "sent", "decided", "rolled_forward")
-    so crash tests can kill the process at an exact point.
+    so crash tests can kill the process at an exact point. ``timeout`` (seconds, default 60:
+    Kafka's ``transaction.timeout.ms``) bounds how long a transaction may stay open: past it,
+    whoever sees it aborts it and this producer's commit fails with :class:`ProducerFencedError`.
     """
 
     def __init__(
-        self, lake: Lake, *, transactional_id: str, hook: Callable[[str], None] | None = None
+        self, lake: Lake, *, transactional_id: str, hook: Callable[[str], None] | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         self.lake = lake
         self.transactional_id = validate_id(transactional_id, kind="transactional id")
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+            raise argument_error(
+                "TransactionalProducer", "timeout", timeout, "not a positive number of seconds",
+                f"a timeout > 0 in seconds (default {DEFAULT_TIMEOUT_S:g}, Kafka's)")
+        self.timeout_ms = max(1, round(timeout * 1000))
         self.coordinator = Coordinator(lake)
         self.epoch: int | None = None
         self.txn_id: str | None = None
@@ -247,6 +434,18 @@ class TransactionalProducer:
     def _check_epoch(self, dt: DeltaTable) -> None:
         newest = dt.transaction_version(self._tid)
         if newest is not None and self.epoch is not None and int(newest) > self.epoch:
+            how = (self.coordinator.decision_action(self.txn_id)
+                   if self.txn_id is not None
+                   and self.coordinator.status(self.txn_id, dt) is TxnStatus.ABORTED else None)
+            if how in (TIMEOUT, OPERATOR_ABORT):
+                raise ProducerFencedError(
+                    f"transaction {self.txn_id} of transactional id {self.transactional_id!r} "
+                    + ("timed out (open longer than its timeout) and was aborted"
+                       if how == TIMEOUT else "was aborted by an operator (`cues txn abort`)")
+                    + f"; epoch {self.epoch} is fenced: call init_transactions() and redo the "
+                    "transaction (a shorter one, or a longer timeout)",
+                    transactional_id=self.transactional_id, epoch=self.epoch,
+                    newest=int(newest), txn_id=self.txn_id, reason=how)
             raise ProducerFencedError(
                 f"transactional id {self.transactional_id!r}: epoch {self.epoch} was fenced by a newer "
                 f"instance (epoch {newest}); stop this producer",
@@ -258,6 +457,8 @@ class TransactionalProducer:
     def init_transactions(self) -> int:
         """Fence older instances, finish the last transaction they left, and return the epoch."""
         self._senders = {}  # a re-init opens new epochs on the queues at its first send
+        self.txn_id, self._touched = None, {}
+        abort_expired(self.lake, coordinator=self.coordinator)  # any producer's, past its deadline
         dt = self.coordinator.snapshot()
         current = dt.transaction_version(self._tid)
         self.epoch = 0 if current is None else int(current) + 1
@@ -275,7 +476,8 @@ class TransactionalProducer:
             txn = f"{self.transactional_id}#{int(last)}"
             status = self.coordinator.status(txn, dt)
             if status is TxnStatus.OPEN:
-                self._decide(txn, TxnStatus.ABORTED, queues=[])
+                queues = self.coordinator.registered_queues(txn)
+                self._roll_forward(txn, self._decide(txn, TxnStatus.ABORTED, queues=queues), queues)
             else:
                 self._roll_forward(txn, status, self.coordinator.decided_queues(txn))
         return self.epoch
@@ -296,7 +498,8 @@ class TransactionalProducer:
             transactional_id=self.transactional_id,
             epoch=self.epoch,
             action="begin",
-            app_transactions=[(self._tid, self.epoch), (self._cur, number), (txn_app_id(txn), 0)],
+            app_transactions=[(self._tid, self.epoch), (self._cur, number), (txn_app_id(txn), 0),
+                              (deadline_app_id(txn), now_ms() + self.timeout_ms)],
             guard=self._check_epoch,
         )
         self.txn_id, self._touched = txn, {}
@@ -317,8 +520,11 @@ class TransactionalProducer:
         _check_send_options(options, queue=getattr(queue, "name", None))
         if self.txn_id is None:
             raise TransactionStateError("send() outside a transaction: call begin() first")
-        self._check_epoch(self.coordinator.snapshot())
         tables = prepare_batches(queue, batches, call=SEND_CALL)
+        if queue.name not in self._touched:
+            self._register(queue.name)  # checks the epoch and the deadline too
+        else:
+            self._check_epoch(self.coordinator.snapshot())
         sender = self._senders.get(queue.name)
         if sender is None:
             sender = SequenceState(queue, producer_id=self.producer_id)
@@ -327,6 +533,36 @@ class TransactionalProducer:
         return sender.send(
             tables, txn_id=self.txn_id, after_commit=lambda: self._hook("sent"), **options
         )
+
+    def _register(self, name: str) -> None:
+        """Record in the coordinator that the open transaction writes to queue ``name`` (before
+        its first row there), so a timeout or operator abort rolls its marker forward."""
+        txn = self.txn_id
+        assert txn is not None
+
+        def guard(dt: DeltaTable) -> None:
+            self._check_epoch(dt)
+            if self.coordinator.status(txn, dt) is TxnStatus.OPEN:
+                deadline = self.coordinator.deadline_ms(txn, dt)
+                if deadline is None or now_ms() <= deadline:
+                    return
+            raise _AlreadyDecided
+
+        try:
+            self.coordinator.record(
+                txn_id=txn, transactional_id=self.transactional_id, epoch=self.epoch or 0,
+                action="add", queues=[name], app_transactions=[(self._tid, self.epoch or 0)],
+                guard=guard, during="send")
+        except _AlreadyDecided:
+            self._expired(txn)
+
+    def _expired(self, txn: str) -> None:
+        """The open transaction is past its deadline: abort it (fenced) and raise why."""
+        self.coordinator.expire(txn)
+        self._check_epoch(self.coordinator.snapshot())  # raises: the abort raised tid
+        raise TransactionStateError(  # unreachable unless the coordinator lost the abort
+            f"transaction {txn} is past its deadline but could not be aborted; retry",
+            txn_id=txn)
 
     def commit(self) -> None:
         self._finish(TxnStatus.COMMITTED)
@@ -385,6 +621,9 @@ class TransactionalProducer:
             if current is not TxnStatus.OPEN:
                 landed.append(current)
                 raise _AlreadyDecided
+            deadline = self.coordinator.deadline_ms(txn, dt)
+            if status is TxnStatus.COMMITTED and deadline is not None and now_ms() > deadline:
+                raise _PastDeadline
 
         try:
             self.coordinator.record(
@@ -400,6 +639,8 @@ class TransactionalProducer:
             )
         except _AlreadyDecided:
             return landed[-1]
+        except _PastDeadline:
+            self._expired(txn)
         return status
 
     def _roll_forward(self, txn: str, status: TxnStatus, queues: Sequence[str]) -> None:
@@ -427,6 +668,10 @@ def _check_send_options(options: Mapping[str, Any], *, queue: str | None) -> Non
 
 class _AlreadyDecided(Exception):  # noqa: N818 - internal signal of _decide's guard, never raised out
     """The coordinator already holds a decision for the transaction (see ``_decide``)."""
+
+
+class _PastDeadline(Exception):  # noqa: N818 - internal signal of _decide's guard, never raised out
+    """The owner asked to commit a transaction past its deadline (see ``_decide``)."""
 
 
 def new_transactional_id() -> str:
