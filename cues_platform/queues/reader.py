@@ -7,7 +7,9 @@ driver). Ranges are half-open, ``[start, end)``.
 
 Isolation (Kafka's): ``read_uncommitted`` returns every row. ``read_committed`` hides rows of
 aborted producer transactions and stops before the first row of an undecided one (the last stable
-offset), so a reader never skips a row that later becomes visible.
+offset), so a reader never skips a row that later becomes visible. An undecided transaction past
+its deadline is aborted while the last stable offset is computed (``transactions.
+resolve_statuses``: a fenced coordinator decision), so a reader waits at most its timeout.
 """
 
 from __future__ import annotations
@@ -133,7 +135,7 @@ def _stable_range(
         & pc.field(TXN_ID).is_valid(),
     )
     txns = sorted(set(rows[TXN_ID].to_pylist()))
-    statuses = resolve_statuses(queue, dt, txns)
+    statuses = resolve_statuses(queue, dt, txns)  # aborts those past their deadline
     hidden = tuple(t for t in txns if statuses[t] is TxnStatus.ABORTED)
     undecided = [t for t in txns if statuses[t] is TxnStatus.OPEN]
     if undecided:
