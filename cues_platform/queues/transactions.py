@@ -31,8 +31,10 @@ deadline in the coordinator (``dl:{txn id}`` = deadline in ms of the platform cl
 ``cues_platform/clock.py``), and the first send to each queue registers that queue there (an
 ``add`` row, Kafka's AddPartitionsToTxn). A transaction still open past its deadline is aborted by
 whoever next sees it: a ``read_committed`` reader computing the last stable offset, the sweep
-(:func:`abort_expired`: maintenance, ``cues txn``, every ``init_transactions``), or its own
-owner's ``commit``. That abort is one guarded coordinator decision like any other (it conflicts
+(:func:`abort_expired`: maintenance, ``cues txn list``), the next ``init_transactions`` of its
+transactional id, or its own owner's ``commit`` (``init_transactions`` of other ids does not
+sweep: the sweep scans the coordinator's rows, one small file per coordinator commit, 0.78 s
+after 500 transactions). That abort is one guarded coordinator decision like any other (it conflicts
 with a concurrent commit: exactly one lands) which also raises ``tid:`` past the transaction's
 epoch, so the stalled owner's later send or commit fails with :class:`ProducerFencedError` saying
 the transaction timed out. ``cues txn abort`` is the same decision without the deadline. A crash after 3 is finished by rolling the markers
@@ -317,8 +319,9 @@ def open_transactions(lake: Lake) -> list[OpenTransaction]:
 
 
 def abort_expired(lake: Lake, *, coordinator: Coordinator | None = None) -> list[str]:
-    """Abort every open transaction past its deadline (the sweep of maintenance, ``cues txn`` and
-    ``init_transactions``); returns the ids this call aborted."""
+    """Abort every open transaction past its deadline (the sweep of maintenance and ``cues txn
+    list``); returns the ids this call aborted. It scans the coordinator's ``begin`` rows: its
+    cost grows with the transactions ever begun (0.78 s after 500 on a local lake)."""
     coordinator = coordinator or Coordinator(lake)
     aborted = []
     for txn in coordinator.open_transactions():
@@ -458,7 +461,6 @@ class TransactionalProducer:
         """Fence older instances, finish the last transaction they left, and return the epoch."""
         self._senders = {}  # a re-init opens new epochs on the queues at its first send
         self.txn_id, self._touched = None, {}
-        abort_expired(self.lake, coordinator=self.coordinator)  # any producer's, past its deadline
         dt = self.coordinator.snapshot()
         current = dt.transaction_version(self._tid)
         self.epoch = 0 if current is None else int(current) + 1

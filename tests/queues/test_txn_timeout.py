@@ -19,6 +19,7 @@ from cues_platform.queues.transactions import (
     TransactionStateError,
     TxnStatus,
     UnknownTransactionError,
+    abort_expired,
     abort_transaction,
     open_transactions,
 )
@@ -88,16 +89,33 @@ def test_the_owners_commit_past_its_deadline_is_aborted_and_rolled_forward(lake,
     assert _committed(q) == [100]
 
 
-def test_init_transactions_of_any_producer_aborts_expired_transactions(lake, make_queue) -> None:
+def test_the_sweep_and_the_next_init_of_the_same_id_abort_expired_transactions(
+    lake, make_queue
+) -> None:
     q, _owner, txn = _stalled(lake, make_queue, timeout=10)
-    other = TransactionalProducer(lake, transactional_id="someone-else")
-    other.init_transactions()
-    assert Coordinator(lake).status(txn) is TxnStatus.OPEN  # not yet due
+    assert abort_expired(lake) == []  # not yet due
+    assert Coordinator(lake).status(txn) is TxnStatus.OPEN
     clock.advance(seconds=11)
-    TransactionalProducer(lake, transactional_id="someone-else").init_transactions()
-    assert Coordinator(lake).status(txn) is TxnStatus.ABORTED
+    assert abort_expired(lake) == [txn]  # maintenance's sweep
+    assert Coordinator(lake).decision_action(txn) == "timeout"
     assert q.refresh().transaction_version(f"txn:{txn}") == int(TxnStatus.ABORTED)
-    assert open_transactions(lake) == []
+    assert open_transactions(lake) == [] and abort_expired(lake) == []
+
+    # a restart of the same id aborts its open transaction (due or not) and, the queues being
+    # registered in the coordinator, rolls the abort marker forward onto them
+    _q, _owner2, txn2 = _stalled_again(lake, q, timeout=10)
+    TransactionalProducer(lake, transactional_id="stalls").init_transactions()
+    assert Coordinator(lake).status(txn2) is TxnStatus.ABORTED
+    assert q.refresh().transaction_version(f"txn:{txn2}") == int(TxnStatus.ABORTED)
+    assert _committed(q) == [100]
+
+
+def _stalled_again(lake, q, *, timeout: float):
+    owner = TransactionalProducer(lake, transactional_id="stalls", timeout=timeout)
+    owner.init_transactions()
+    txn = owner.begin()
+    owner.send(q, rows(50, 1), partition="0")
+    return q, owner, txn
 
 
 def test_timeout_must_be_positive_seconds(lake) -> None:
