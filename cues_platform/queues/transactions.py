@@ -443,10 +443,12 @@ class TransactionalProducer:
             if how in (TIMEOUT, OPERATOR_ABORT):
                 raise ProducerFencedError(
                     f"transaction {self.txn_id} of transactional id {self.transactional_id!r} "
-                    + ("timed out (open longer than its timeout) and was aborted"
-                       if how == TIMEOUT else "was aborted by an operator (`cues txn abort`)")
+                    + (f"timed out (open longer than its timeout of {self.timeout_ms / 1000:g} s) "
+                       "and was aborted" if how == TIMEOUT
+                       else "was aborted by an operator (`cues txn abort`)")
                     + f"; epoch {self.epoch} is fenced: call init_transactions() and redo the "
-                    "transaction (a shorter one, or a longer timeout)",
+                    + ("transaction (shorter, or with a longer timeout)" if how == TIMEOUT
+                       else "transaction"),
                     transactional_id=self.transactional_id, epoch=self.epoch,
                     newest=int(newest), txn_id=self.txn_id, reason=how)
             raise ProducerFencedError(
