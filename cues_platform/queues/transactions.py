@@ -91,7 +91,10 @@ SCHEMA = pa.schema(
 
 TIMEOUT = "timeout"
 OPERATOR_ABORT = "operator-abort"
-DECISIONS = ("committed", "aborted", TIMEOUT, OPERATOR_ABORT)
+DECISIONS = ("committed", "aborted")  # the actions of decision rows (the jepsen checker reads them)
+# why a transaction was aborted by someone other than its owner: app transaction ``why:{txn id}``
+# in the abort's own commit (its row's action stays "aborted")
+REASONS = {TIMEOUT: 1, OPERATOR_ABORT: 2}
 DEFAULT_TIMEOUT_S = 60.0  # Kafka's transaction.timeout.ms default
 DEFAULT_TIMEOUT_MS = int(DEFAULT_TIMEOUT_S * 1000)
 
@@ -206,7 +209,12 @@ class Coordinator:
         return sorted({q for cell in rows["queues"].to_pylist() for q in json.loads(cell or "[]")})
 
     def decision_action(self, txn_id: str) -> str | None:
-        """How the transaction was decided: committed, aborted, timeout or operator-abort."""
+        """How the transaction was decided: committed, aborted (by its producer), timeout or
+        operator-abort; None while undecided."""
+        why = self.snapshot().transaction_version(reason_app_id(txn_id))
+        for reason, code in REASONS.items():
+            if why is not None and int(why) == code:
+                return reason
         rows = self.rows(txn_id, *DECISIONS)
         return rows["action"][0].as_py() if rows.num_rows else None
 
@@ -260,10 +268,11 @@ class Coordinator:
         def fence(dt: DeltaTable) -> list[tuple[str, int]]:
             newest = dt.transaction_version(f"tid:{tid}")
             bumped = max(epoch + 1, -1 if newest is None else int(newest))
-            return [(f"tid:{tid}", bumped), (txn_app_id(txn_id), int(TxnStatus.ABORTED))]
+            return [(f"tid:{tid}", bumped), (txn_app_id(txn_id), int(TxnStatus.ABORTED)),
+                    (reason_app_id(txn_id), REASONS[reason])]
 
         try:
-            self.record(txn_id=txn_id, transactional_id=tid, epoch=epoch, action=reason,
+            self.record(txn_id=txn_id, transactional_id=tid, epoch=epoch, action="aborted",
                         queues=queues, app_transactions=fence, guard=guard, during="decide")
         except _AlreadyDecided:
             return landed[-1], False
@@ -293,6 +302,10 @@ class Coordinator:
 
 def deadline_app_id(txn_id: str) -> str:
     return f"dl:{txn_id}"
+
+
+def reason_app_id(txn_id: str) -> str:
+    return f"why:{txn_id}"
 
 
 @dataclass(frozen=True)
