@@ -251,9 +251,11 @@ def queue_maintain(name: str, retention_hours: float, unsafe_allow_short_retenti
     first, so dropping old log entries loses none)."""
     from cues_platform.processing.history import digest_before_maintenance
     from cues_platform.queues.maintenance import maintain
+    from cues_platform.queues.transactions import abort_expired
 
     q = open_queue(lake_root, name)
     with storage(name, q.uri, write=True):
+        abort_expired(q.lake)  # transactions past their timeout: aborted (fenced) first
         digest_before_maintenance(q)
         reports = maintain(q, retention_hours=retention_hours,
                            unsafe_allow_short_retention=unsafe_allow_short_retention)
@@ -451,6 +453,7 @@ main.add_command(participant)  # cues participant ... (the postings protocol, se
 main.add_command(__import__("cues_platform.jepsen.cli", fromlist=["jepsen"]).jepsen)  # cues jepsen
 main.add_command(__import__("cues_platform.spark.cli", fromlist=["spark"]).spark)  # cues spark
 main.add_command(__import__("cues_platform.processing.cli", fromlist=["processor"]).processor)  # cues processor
+main.add_command(__import__("cues_platform.queues.txn_cli", fromlist=["txn"]).txn)  # cues txn
 
 if __name__ == "__main__":
     main()

@@ -23,6 +23,7 @@ from cues_platform.queues.errors import (
     TransactionStateError,
     UnknownPartitionError,
     UnknownProducerIdError,
+    UnknownTransactionError,
 )
 from cues_platform.queues.lake import Lake
 from cues_platform.queues.producer import Acks, AsyncProducer, Producer
@@ -63,6 +64,7 @@ __all__ = [
     "TransactionalProducer",
     "TxnStatus",
     "UnknownPartitionError",
+    "UnknownTransactionError",
     "read_arrow",
     "read_spark",
 ]

@@ -110,6 +110,10 @@ class TransactionStateError(QueueError):
     """A transactional call made in the wrong state (no open transaction, already decided, ...)."""
 
 
+
+class UnknownTransactionError(TransactionStateError):
+    """A transaction id the coordinator never began (``cues txn abort`` of a mistyped id)."""
+
 class ReadTimeoutError(QueueError):
     """A blocking read saw no message before its timeout."""
 

@@ -65,6 +65,7 @@ from cues_platform.queues.errors import (
     ConcurrentAppendError,
     ProducerFencedError,
     TransactionStateError,
+    UnknownTransactionError,
 )
 from cues_platform.queues.faults import translated
 from cues_platform.queues.idempotence import SequenceState
@@ -97,12 +98,6 @@ DECISIONS = ("committed", "aborted")  # the actions of decision rows (the jepsen
 REASONS = {TIMEOUT: 1, OPERATOR_ABORT: 2}
 DEFAULT_TIMEOUT_S = 60.0  # Kafka's transaction.timeout.ms default
 DEFAULT_TIMEOUT_MS = int(DEFAULT_TIMEOUT_S * 1000)
-
-
-class UnknownTransactionError(TransactionStateError):
-    """A transaction id the coordinator never began (``cues txn abort`` of a mistyped id).
-
-    Belongs in ``queues/errors.py`` (kept here until that file's owner moves it)."""
 
 
 class TxnStatus(IntEnum):
