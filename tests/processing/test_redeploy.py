@@ -68,6 +68,15 @@ def run(lake, spark, g: Graph) -> None:
     GraphRunner(graph=g, lake=lake, spark=spark).run_until_idle()
 
 
+def deliver(lake, spark, g: Graph, feed: dict[str, tuple[int, int]]) -> None:
+    """Run ``g`` once (its queues created), append ``feed`` ({partition: (first id, count)}) to
+    queue ``a`` and run it until idle."""
+    GraphRunner(graph=g, lake=lake, spark=spark)
+    for part, (first, count) in feed.items():
+        lake.queue("a").append(rows(first, count), partition=part)
+    run(lake, spark, g)
+
+
 def lanes_then(lake, spark, *, zero: int, x: int) -> None:
     """Lanes p (a/0) and p.x (a/x) of ``In("a")`` deliver ``zero`` and ``x`` rows."""
     g = graph(mapper(In("a")))
@@ -99,10 +108,7 @@ def test_every_partition_redeployed_as_a_named_partition_is_refused(spark, lake,
 
 def test_a_named_partition_redeployed_as_every_partition_is_refused(spark, lake):
     """``p`` read a/x by name; as ``In("a")`` its lane p.x would start a/x at 0 again."""
-    g = graph(mapper(In("a", "x")))
-    GraphRunner(graph=g, lake=lake, spark=spark)
-    lake.queue("a").append(rows(0, 10), partition="x")
-    run(lake, spark, g)
+    deliver(lake, spark, graph(mapper(In("a", "x"))), {"x": (0, 10)})
     with pytest.raises(LaneMigrationError, match=r"processor 'p.x' would read a/x \(read by p up to offset 10\)"):
         GraphRunner(graph=graph(mapper(In("a"))), lake=lake, spark=spark)
     assert ids(lake) == list(range(10))
@@ -129,10 +135,7 @@ def test_a_named_partition_moved_to_another_is_read_from_its_start(spark, lake):
 def test_a_renamed_binding_and_an_added_and_removed_input_continue(spark, lake):
     """Positions are keyed by what is read: renaming the binding keeps the position; an added
     input (a join with ``c``) starts ``c`` at 0; removing it again keeps ``a``'s position."""
-    g = graph(mapper(In("a", "0")))
-    GraphRunner(graph=g, lake=lake, spark=spark)
-    lake.queue("a").append(rows(0, 10), partition="0")
-    run(lake, spark, g)
+    deliver(lake, spark, graph(mapper(In("a", "0"))), {"0": (0, 10)})
     run(lake, spark, graph(mapper(In("a", "0"), binding="renamed")))
     lake.queue("a").append(rows(10, 5), partition="0")
     lake.queue("c").append(rows(500, 3), partition="0")
@@ -159,10 +162,7 @@ def test_another_queue_under_the_same_binding_name_starts_at_its_beginning(spark
 
 
 def test_a_renamed_processor_is_refused_and_forget_is_the_way_to_start_over(spark, lake):
-    g = graph(mapper(In("a", "0")))
-    GraphRunner(graph=g, lake=lake, spark=spark)
-    lake.queue("a").append(rows(0, 10), partition="0")
-    run(lake, spark, g)
+    deliver(lake, spark, graph(mapper(In("a", "0"))), {"0": (0, 10)})
     with pytest.raises(ProcessorRenamedError, match=r"processor 'q' is new to this lake, but processor 'p'.*"
                                                     r"keep the id 'p'.*cues processor forget p") as info:
         GraphRunner(graph=graph(mapper(In("a", "0"), pid="q")), lake=lake, spark=spark)
@@ -174,10 +174,7 @@ def test_a_renamed_processor_is_refused_and_forget_is_the_way_to_start_over(spar
 
 
 def test_a_changed_strategy_is_refused_after_progress(spark, lake):
-    g = graph(mapper(In("a", "0")))
-    GraphRunner(graph=g, lake=lake, spark=spark)
-    lake.queue("a").append(rows(0, 10), partition="0")
-    run(lake, spark, g)
+    deliver(lake, spark, graph(mapper(In("a", "0"))), {"0": (0, 10)})
     with pytest.raises(StrategyChangedError, match=r"ran exactly_once and is now at_least_once"):
         GraphRunner(graph=graph(mapper(In("a", "0"), strategy=Strategy.AT_LEAST_ONCE)), lake=lake, spark=spark)
     # the other way too: at_least_once's positions are tailer positions, not in a home queue
@@ -190,10 +187,7 @@ def test_a_changed_strategy_is_refused_after_progress(spark, lake):
 
 
 def test_a_changed_home_queue_is_refused(spark, lake):
-    g = graph(mapper(In("a", "0")))
-    GraphRunner(graph=g, lake=lake, spark=spark)
-    lake.queue("a").append(rows(0, 10), partition="0")
-    run(lake, spark, g)
+    deliver(lake, spark, graph(mapper(In("a", "0"))), {"0": (0, 10)})
     with pytest.raises(HomeChangedError, match=r"first output's queue 'b', but its first output is now 'c'"):
         GraphRunner(graph=graph(mapper(In("a", "0"), out=Out("c", "0"))), lake=lake, spark=spark)
     assert lake.queue("c").count() == 0
@@ -245,10 +239,7 @@ def test_a_step_in_flight_under_other_bindings_is_finished_first(spark, lake):
 def test_a_step_stores_its_position_under_the_queue_partition_it_read(spark, lake):
     """Not under the binding's name (``pos:{p}:{binding}``, which a redeploy could point at
     another partition; lakes that have it are migrated: test_lanes.py's pre-lanes lake)."""
-    g = graph(mapper(In("a", "0")))
-    GraphRunner(graph=g, lake=lake, spark=spark)
-    lake.queue("a").append(rows(0, 10), partition="0")
-    run(lake, spark, g)
+    deliver(lake, spark, graph(mapper(In("a", "0"))), {"0": (0, 10)})
     home = lake.queue("b")
     assert home.refresh().transaction_version(legacy_pos_app_id("p", "src")) is None
     assert home.refresh().transaction_version(pos_app_id("p", "a", "0")) == 10
