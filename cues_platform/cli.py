@@ -12,7 +12,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from cues_platform.audit.discovery import check_lake, queue_folders
+from cues_platform.audit.discovery import queue_folders
 from cues_platform.audit.exit import exit_with
 from cues_platform.audit.storage import (
     STORAGE_ERRORS,
@@ -21,6 +21,7 @@ from cues_platform.audit.storage import (
     unreadable_error,
     unwritable_error,
 )
+from cues_platform.commands.common import open_lake
 from cues_platform.errors import CuesError
 from cues_platform.oneline import EXIT_BAD_INPUT, EXIT_BUG, bug_hint, fail
 from cues_platform.participants.cli import participant
@@ -66,13 +67,6 @@ def storage(table: str, uri: str, *, write: bool = False) -> Iterator[None]:
     except STORAGE_ERRORS as exc:
         error = unwritable_error if write else unreadable_error
         raise error(exc, table=table, uri=uri) from exc
-
-
-def open_lake(lake_root: str) -> Lake:
-    """The lake at ``lake_root``, which must exist and be a cues lake (else one clear error)."""
-    lake = Lake(root=lake_root)
-    check_lake(lake)
-    return lake
 
 
 def open_queue(lake_root: str, name: str) -> Queue:
@@ -452,8 +446,8 @@ class _StartupInterrupted(Exception):  # noqa: N818 - a requested stop, reported
 main.add_command(participant)  # cues participant ... (the postings protocol, seed 002)
 main.add_command(__import__("cues_platform.jepsen.cli", fromlist=["jepsen"]).jepsen)  # cues jepsen
 main.add_command(__import__("cues_platform.spark.cli", fromlist=["spark"]).spark)  # cues spark
-main.add_command(__import__("cues_platform.processing.cli", fromlist=["processor"]).processor)  # cues processor
-main.add_command(__import__("cues_platform.queues.txn_cli", fromlist=["txn"]).txn)  # cues txn
+main.add_command(__import__("cues_platform.commands.processor", fromlist=["processor"]).processor)  # cues processor
+main.add_command(__import__("cues_platform.commands.txn", fromlist=["txn"]).txn)  # cues txn
 
 if __name__ == "__main__":
     main()

@@ -5,7 +5,7 @@ its id, transactional id, epoch, age, deadline and the queues its sends register
 aborts those already past their deadline (the same sweep as maintenance), so what it prints is
 what still holds read_committed readers back. ``cues txn abort ID --yes`` aborts one now: the
 same fenced coordinator decision as a timeout (``queues/transactions.py``), so its owner's later
-commit fails with ProducerFencedError. ``cli.py`` adds this group to ``cues``.
+commit fails with ProducerFencedError. ``cues_platform/cli.py`` adds this group to ``cues``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def txn() -> None:
 
 
 def _lake(lake_root: str):  # noqa: ANN202 - a Lake
-    from cues_platform.cli import open_lake
+    from cues_platform.commands.common import open_lake
 
     return open_lake(lake_root)
 

@@ -4,7 +4,7 @@
 processor id the lake ran, its strategy, home queue and the queue partitions it reads.
 ``cues processor forget ID --yes`` is the way out that the redeploy errors name: the id's registry
 row and backing queue go, so its positions no longer count and a changed graph may read that
-input again (on purpose: that input is delivered again). ``cli.py`` adds this group to ``cues``.
+input again (on purpose: that input is delivered again). ``cues_platform/cli.py`` adds this group to ``cues``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def processor() -> None:
 
 
 def _lake(lake_root: str):  # noqa: ANN202 - a Lake
-    from cues_platform.cli import open_lake
+    from cues_platform.commands.common import open_lake
 
     return open_lake(lake_root)
 
