@@ -40,7 +40,7 @@ steps):
    when something changed), so the next start compares with this deployment.
 
 Ways out, always offered: keep the old binding/id/strategy/first output; or, to re-deliver on
-purpose, forget the old processor's state (:func:`forget`, ``cues processor forget ID``), after
+purpose, forget the old processor's state (:func:`forget`, ``cues processor forget ID --yes``), after
 which its positions no longer count.
 
 The registry rows are owned by their processor ids. Nothing deletes them by age: an id idle for a
@@ -225,7 +225,7 @@ def _delivered(lake: Lake, shape: Shape) -> bool:
 
 def _ways_out(*extra: str, forget: str) -> str:
     return "; ".join([*extra, f"or, to deliver that input again on purpose, `cues processor forget "
-                               f"{forget}` first (its state no longer counts)"])
+                               f"{forget} --yes` first (its state no longer counts)"])
 
 
 def check(graph: Graph, lake: Lake, *, only: Iterable[str] | None = None) -> list[Shape]:
