@@ -228,11 +228,12 @@ def _ways_out(*extra: str, forget: str) -> str:
                                f"{forget} --yes` first (its state no longer counts)"])
 
 
-def check(graph: Graph, lake: Lake, *, only: Iterable[str] | None = None) -> list[Shape]:
+def check(graph: Graph, lake: Lake, *, only: Iterable[str] | None = None,
+          registry: Mapping[str, Shape] | None = None) -> list[Shape]:
     """Steps 1-3 for the processors ``only`` (default: all) of ``graph``; returns their shapes."""
     from cues_platform.audit.discovery import backing_folders
 
-    registry = Registry(lake).shapes()
+    registry = Registry(lake).shapes() if registry is None else registry
     ids = [pid for pid in (only or graph.processors) if not _is_source(graph.processors[pid])]
     current = {pid: Shape.of(graph.processors[pid]) for pid in graph.processors
                if not _is_source(graph.processors[pid])}
@@ -302,8 +303,8 @@ def check(graph: Graph, lake: Lake, *, only: Iterable[str] | None = None) -> lis
 
 def check_and_record(graph: Graph, lake: Lake, *, only: Iterable[str] | None = None) -> None:
     """Steps 1-4 (see the module docstring)."""
-    shapes = check(graph, lake, only=only)
-    known = Registry(lake).shapes()
+    known = Registry(lake).shapes()  # read once: the check and the record compare with it
+    shapes = check(graph, lake, only=only, registry=known)
     changed = [s for s in shapes if known.get(s.processor) != s]
     Registry(lake).record(changed, graph=graph.name)
 
