@@ -269,7 +269,8 @@ def _attempt(
         if done is not None:
             return done
     # Step 3
-    now = datetime.now(UTC)
+    at_ms = now_ms()  # the platform's clock: retention by age reads _append_time (clock.py)
+    now = datetime.fromtimestamp(at_ms / 1000, UTC)
     parts, ranges, txns = [], {}, []
     for partition, table in tables.items():
         start = queue.next_offset(partition, snapshot=dt)
@@ -277,7 +278,6 @@ def _attempt(
         ranges[partition] = (start, end)
         parts.append(_with_metadata(table, partition=partition, start=start, opts=opts, now=now))
         txns.append(Transaction(f"part:{partition}", end))
-    at_ms = now_ms()
     txns += [app_transaction(app_id, version, at_ms=at_ms)
              for app_id, version in opts.app_transactions]
     if not parts:

@@ -82,6 +82,17 @@ class OffsetRangeError(QueueError):
     """A read asked for offsets outside what the partition holds."""
 
 
+class OffsetOutOfRangeError(OffsetRangeError):
+    """A read (or a position) below a partition's start offset (Kafka's name): the rows there were
+    removed by the queue's retention (``queues/retention.py``), on purpose, after every reader
+    that still needed them had read them. Not retryable: read from ``start_offset`` (omit
+    ``start``, or seek to ``'start'``).
+
+    Carries ``queue``, ``partition``, ``offset`` (the one asked for) and ``start_offset``."""
+
+    retryable = False
+
+
 class InvalidArgumentError(QueueError):
     """A call got an argument of the wrong type or value and was refused before anything changed.
 

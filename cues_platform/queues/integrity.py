@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 
 PARTITION_TXN = "part:"
 RANGES_KEY = "cues.ranges"
+# a retention delete (retention.py): {partition: [old start, new start]}; its adds are the rows
+# above the new start of files the cut went through, rewritten
+RETENTION_KEY = "cues.retention"
 LOG_DIR = "_delta_log"
 REPAIR_HINT = (
     "restore it from a backup (or a replica) and do not append to the queue until it is "
@@ -258,6 +261,8 @@ def check_commit(
     ranges_text = info.get(RANGES_KEY)
     if not queue_rules:
         pass
+    elif ranges_text is None and RETENTION_KEY in info:
+        problems += _check_retention(str(info[RETENTION_KEY]), written, problem)
     elif ranges_text is None:
         if written:
             problems.append(problem(
@@ -276,6 +281,27 @@ def check_commit(
             f"data file {storage.location(rel)} of commit {path} is missing; {REPAIR_HINT}",
             path=rel, version=version) for rel in gone]
     return problems
+
+
+def _check_retention(text: str, written: list[dict[str, Any]],
+                     problem: Any) -> list[Inconsistency]:
+    """A retention delete may add only rewritten rows at or above its partitions' new starts."""
+    try:
+        moves = json.loads(text)
+        starts = {str(p): int(v[1]) for p, v in moves.items()}
+    except (ValueError, TypeError, AttributeError, IndexError, KeyError):
+        return [problem(f"has an unreadable {RETENTION_KEY} {text!r}")]
+    out = []
+    for add in written:
+        part = (add.get("partitionValues") or {}).get("_partition")
+        try:
+            low = int(json.loads(add.get("stats") or "{}").get("minValues", {}).get("_offset"))
+        except (ValueError, TypeError):
+            low = None
+        if part not in starts or low is None or low < starts[part]:
+            out.append(problem(f"is a retention delete ({RETENTION_KEY} {text}) that adds a file "
+                               f"of partition {part!r} with rows below its new start"))
+    return out
 
 
 # commitInfo keys the platform writes only on a commit that also carries app transactions
