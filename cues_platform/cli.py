@@ -197,13 +197,15 @@ def _show(name: str, q: Queue) -> None:
     console.print("payload schema:")
     for field in q.payload_schema:
         console.print(f"  {field.name}: {field.type}{'' if field.nullable else ' not null'}")
-    table = Table("partition", "messages", "last offset", "files")
+    from cues_platform.queues.retention import policy_of
+
+    console.print(f"retention: {policy_of(q).describe()}", highlight=False)
+    table = Table("partition", "messages", "start offset", "last offset", "files")
     for p in q.partitions:
         files = q.files(partition=p)
         last = q.last_offset(p)
-        table.add_row(
-            p, str(sum(f.rows for f in files)), "-" if last is None else str(last), str(len(files))
-        )
+        table.add_row(p, str(sum(f.rows for f in files)), str(q.start_offset(p)),
+                      "-" if last is None else str(last), str(len(files)))
     console.print(table)
 
 
@@ -225,7 +227,8 @@ def queue_tail(
     part = partition or q.partitions[0]
     with storage(name, q.uri):
         end = q.next_offset(q.check_partition(part))
-        rows = q.read_arrow(partition=part, start=max(0, end - count), isolation=isolation)
+        rows = q.read_arrow(partition=part, start=max(q.start_offset(part), end - count),
+                            isolation=isolation)
     table = Table(*rows.column_names)
     for row in rows.to_pylist():
         table.add_row(*(str(v) for v in row.values()))
@@ -241,20 +244,57 @@ def queue_tail(
 @lake_option
 def queue_maintain(name: str, retention_hours: float, unsafe_allow_short_retention: bool,
                    lake_root: str) -> None:
-    """Compact, checkpoint and vacuum one queue (a processor's home: its step records digested
-    first, so dropping old log entries loses none)."""
-    from cues_platform.processing.history import digest_before_maintenance
-    from cues_platform.queues.maintenance import maintain
-    from cues_platform.queues.transactions import abort_expired
+    """Apply the queue's retention, then compact, checkpoint and vacuum it (transactions past
+    their timeout are aborted first; a processor's home has its step records digested first, so
+    dropping old log entries loses none)."""
+    from cues_platform.processing.retention import maintain_queue
 
     q = open_queue(lake_root, name)
     with storage(name, q.uri, write=True):
-        abort_expired(q.lake)  # transactions past their timeout: aborted (fenced) first
-        digest_before_maintenance(q)
-        reports = maintain(q, retention_hours=retention_hours,
-                           unsafe_allow_short_retention=unsafe_allow_short_retention)
+        retained, reports = maintain_queue(
+            q, retention_hours=retention_hours,
+            unsafe_allow_short_retention=unsafe_allow_short_retention)
+    for line in retained.lines():
+        console.print(line, highlight=False)
     for report in reports:
         console.print(report)
+
+
+@queue.command("retention")
+@click.argument("name")
+@click.option("--ms", "ms", type=click.IntRange(min=0), default=None,
+              help="Keep messages this many milliseconds (Kafka's retention.ms).")
+@click.option("--hours", type=click.FloatRange(min=0), default=None, help="The same, in hours.")
+@click.option("--days", type=click.FloatRange(min=0), default=None, help="The same, in days.")
+@click.option("--bytes", "max_bytes", type=click.IntRange(min=0), default=None,
+              help="Keep at most this many bytes of files per partition (Kafka's retention.bytes).")
+@click.option("--keep-all", is_flag=True, help="Remove both limits: keep every message.")
+@lake_option
+def queue_retention(name: str, ms: int | None, hours: float | None, days: float | None,
+                    max_bytes: int | None, keep_all: bool, lake_root: str) -> None:
+    """Show or set a queue's retention. Retention never removes a message a processor lane, a
+    tailer that is not expendable, or an open transaction still needs; `cues queue maintain`
+    applies it."""
+    from cues_platform.queues.retention import policy_of, set_policy
+
+    ages = [v for v in (ms, hours, days) if v is not None]
+    if len(ages) > 1:
+        raise click.UsageError("give the age once: --ms, --hours or --days")
+    if keep_all and (ages or max_bytes is not None):
+        raise click.UsageError("--keep-all removes both limits; give it alone")
+    q = open_queue(lake_root, name)
+    with storage(name, q.uri, write=keep_all or bool(ages) or max_bytes is not None):
+        policy = policy_of(q)
+        if keep_all:
+            policy = set_policy(q, ms=None, bytes=None)
+        elif ages or max_bytes is not None:
+            age = (ms if ms is not None else round(hours * 3_600_000) if hours is not None
+                   else round(days * 86_400_000) if days is not None else policy.ms)
+            policy = set_policy(q, ms=age, bytes=max_bytes if max_bytes is not None
+                                else policy.bytes)
+        starts = q.start_offsets()
+    click.echo(f"{name}: {policy.describe()}")
+    click.echo("start offsets: " + " ".join(f"{p}:{o}" for p, o in starts.items()))
 
 
 # -- exactly-once processing ------------------------------------------------------------------------

@@ -197,6 +197,12 @@ class StepBase:
         self.next_step = 0
         self._alts_cursor = 0
 
+    def first_offset(self, binding: str) -> int:
+        """Where a lane that never read its queue partition starts: the partition's start offset
+        (0 until retention removed rows before this lane existed)."""
+        src = self.processor.inputs[binding]
+        return self.queues[src.queue].start_offset(src.partition)
+
     def plan_snapshot(self) -> Snapshot | None:
         """Ranges for the next step from the current positions, or None when there is no work."""
         ranges = {}
@@ -417,7 +423,8 @@ class ExactlyOnceStepper(StepBase):
             self.advance(last.snapshot)
             return result
         if done < 0:
-            self.positions, self.next_step = dict.fromkeys(self.processor.inputs, 0), 0
+            self.positions = {b: self.first_offset(b) for b in self.processor.inputs}
+            self.next_step = 0
             return None
         same = (last is not None and last.step == done and last.is_attempt
                 and last.type is not RecordType.DIGEST)
@@ -432,10 +439,11 @@ class ExactlyOnceStepper(StepBase):
         a lake written before those keys is migrated once: its binding-keyed positions are copied
         to the keys of the queue partitions its last step read (from that step's recorded
         snapshot), or, where the home stored none (an older protocol), taken from that snapshot's
-        ends. A binding whose queue partition this processor never read starts at 0
-        (``processing/deployments.py`` refused the changes where that would re-deliver)."""
+        ends. A binding whose queue partition this processor never read starts at its start
+        offset (0 until retention removed rows; ``processing/deployments.py`` refused the
+        changes where that would re-deliver)."""
         if home.keyed:
-            return {b: v or 0 for b, v in home.positions.items()}
+            return {b: self.first_offset(b) if v is None else v for b, v in home.positions.items()}
         snapshot = last.snapshot if last is not None else self._last_step_snapshot(home.step)
         if snapshot is None:
             raise RecoveryError(

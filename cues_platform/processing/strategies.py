@@ -63,7 +63,7 @@ class PositionStepper(StepBase):
         pid = self.processor.id
         for binding, src in self.processor.inputs.items():
             got = self.store.get(queue=src.queue, tailer=pid, partition=src.partition)
-            self.positions[binding] = got or 0
+            self.positions[binding] = self.first_offset(binding) if got is None else got
         # Step numbers go on across restarts (sinks key their effects by step and delivery hash).
         self.next_step = self.store.get(queue=STEPS_KEY, tailer=pid, partition="0") or 0
         self.saved_plan = None

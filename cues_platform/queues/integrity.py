@@ -42,6 +42,7 @@ RANGES_KEY = "cues.ranges"
 # a retention delete (retention.py): {partition: [old start, new start]}; its adds are the rows
 # above the new start of files the cut went through, rewritten
 RETENTION_KEY = "cues.retention"
+START_TXN = "start:"  # app id prefix: version = the partition's start offset (retention.py)
 LOG_DIR = "_delta_log"
 REPAIR_HINT = (
     "restore it from a backup (or a replica) and do not append to the queue until it is "
@@ -632,21 +633,25 @@ def _statistics(queue: str, dt: DeltaTable, partitions: Iterable[str]) -> list[I
                 if (v := dt.transaction_version(f"{PARTITION_TXN}{p}")) is not None}
     for p in sorted(set(declared) | set(files)):
         count, top = files.get(p, (0, None))
+        # rows below the start offset were removed by retention (retention.py), on purpose
+        start = int(dt.transaction_version(f"{START_TXN}{p}") or 0)
+        kept = "" if not start else f" from its start offset {start}"
         if p not in declared:
-            # the part: transaction expired (app-transaction retention): offsets come from the
-            # statistics, which must then be dense from 0
-            if top is not None and top + 1 != count:
+            # no part: transaction (a queue written without one): offsets come from the
+            # statistics, which must then be dense from the start offset
+            if top is not None and top + 1 - start != count:
                 problems.append(Inconsistency(
                     queue, p, "offsets",
-                    f"the files hold {count} row(s) but offsets up to {top}: rows are missing; "
-                    f"{REPAIR_HINT}"))
+                    f"the files hold {count} row(s) but offsets up to {top}{kept}: rows are "
+                    f"missing; {REPAIR_HINT}"))
             continue
         nxt = declared[p]
-        if count != nxt:
+        if count != nxt - start:
             problems.append(Inconsistency(
                 queue, p, "rows",
-                f"the log says the next offset is {nxt} but the files hold {count} row(s): a commit "
-                f"or data file is missing or damaged; {REPAIR_HINT}"))
+                f"the log says the next offset is {nxt}{kept} but the files hold {count} row(s) "
+                f"instead of {nxt - start}: a commit or data file is missing or damaged, or rows "
+                f"were deleted outside retention; {REPAIR_HINT}"))
         elif top is not None and top + 1 != nxt:
             problems.append(Inconsistency(
                 queue, p, "offsets",

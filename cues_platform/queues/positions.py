@@ -12,6 +12,7 @@ newest checkpoint (written every 100 commits) instead of growing one snapshot co
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import pyarrow as pa
@@ -133,6 +134,19 @@ def position_app_id(queue: str, tailer: str, partition: str) -> str:
     return f"pos:{queue}/{tailer}/{partition}"
 
 
+def expendable_app_id(queue: str, tailer: str, partition: str) -> str:
+    """Version 1: the tailer declared itself expendable with its last commit (0: it did not)."""
+    return f"exp:{queue}/{tailer}/{partition}"
+
+
+@dataclass(frozen=True)
+class TailerPosition:
+    tailer: str
+    partition: str
+    position: int
+    expendable: bool
+
+
 class PositionStore:
     def __init__(self, lake: Lake) -> None:
         self.lake = lake
@@ -143,13 +157,37 @@ class PositionStore:
         version = dt.transaction_version(position_app_id(queue, tailer, partition))
         return None if version is None else int(version)
 
-    def commit(self, *, queue: str, tailer: str, partition: str, position: int) -> None:
-        self.commit_many([(queue, tailer, partition, position)])
+    def commit(self, *, queue: str, tailer: str, partition: str, position: int,
+               expendable: bool | None = None) -> None:
+        """Commit one position; ``expendable`` (when not None) is recorded with it (retention
+        moves an expendable tailer forward instead of keeping rows for it)."""
+        flags = None if expendable is None else [expendable]
+        self.commit_many([(queue, tailer, partition, position)], expendable=flags)
 
-    def commit_many(self, positions: list[tuple[str, str, str, int]]) -> None:
+    def tailers(self, queue: str) -> list[TailerPosition]:
+        """Every tailer with a committed position on ``queue`` (the rows name them; the app
+        transactions hold the positions)."""
+        dt = self.table.snapshot()
+        rows = dt.to_pyarrow_table(columns=["queue", "tailer", "partition"],
+                                   filters=[("queue", "=", queue)])
+        out = []
+        for tailer, partition in sorted(set(zip(rows["tailer"].to_pylist(),
+                                                rows["partition"].to_pylist(), strict=True))):
+            version = dt.transaction_version(position_app_id(queue, tailer, partition))
+            if version is None:
+                continue
+            flag = dt.transaction_version(expendable_app_id(queue, tailer, partition))
+            out.append(TailerPosition(tailer, partition, int(version), bool(flag)))
+        return out
+
+    def commit_many(self, positions: list[tuple[str, str, str, int]], *,
+                    expendable: list[bool] | None = None) -> None:
         """Commit several ``(queue, tailer, partition, position)`` in ONE Delta commit (atomic)."""
         if not positions:
             return
+        flags = ([] if expendable is None else
+                 [Transaction(expendable_app_id(q, t, p), int(e))
+                  for (q, t, p, _), e in zip(positions, expendable, strict=True)])
         now = datetime.now(UTC)
         rows = pa.table(
             {
@@ -168,7 +206,8 @@ class PositionStore:
                 rows,
                 mode="append",
                 commit_properties=CommitProperties(
-                    app_transactions=[Transaction(position_app_id(q, t, p), pos) for q, t, p, pos in positions],
+                    app_transactions=[Transaction(position_app_id(q, t, p), pos)
+                                      for q, t, p, pos in positions] + flags,
                     max_commit_retries=50,
                 ),
                 post_commithook_properties=COMMIT_HOOKS,

@@ -362,15 +362,30 @@ class Queue:
     def next_offset(self, partition: str, *, snapshot: DeltaTable | None = None) -> int:
         """The offset the next message of ``partition`` gets (0 for an empty partition).
 
-        The partition's app transaction holds it; if the transaction was expired by retention,
-        the Delta statistics of the partition's files give the same number.
+        The partition's app transaction holds it (it carries no ``lastUpdated`` and never
+        expires); without one, the Delta statistics of the partition's files (or its start offset,
+        when retention removed every row) give the same number.
         """
         dt = snapshot or self.refresh()
         version = self.txn_version(partition_app_id(partition), snapshot=dt)
         if version is not None:
             return int(version)
         files = self.files(partition=partition, snapshot=dt)
-        return max((f.max_offset for f in files), default=-1) + 1
+        return max(max((f.max_offset for f in files), default=-1) + 1,
+                   self.start_offset(partition, snapshot=dt))
+
+    def start_offset(self, partition: str, *, snapshot: DeltaTable | None = None) -> int:
+        """The first offset of ``partition`` still in the queue: 0 until retention removed rows
+        (``retention.py``); a read below it raises :class:`OffsetOutOfRangeError`."""
+        from cues_platform.queues.retention import start_offset
+
+        self.check_partition(partition)
+        return start_offset(self, partition, snapshot=snapshot)
+
+    def start_offsets(self) -> dict[str, int]:
+        """Start offset of every partition, from one snapshot."""
+        dt = self.refresh()
+        return {p: self.start_offset(p, snapshot=dt) for p in self.partitions}
 
     def txn_version(self, app_id: str, *, snapshot: DeltaTable | None = None) -> int | None:
         """The version of app transaction ``app_id`` in ``snapshot`` (default: the newest), read
@@ -456,22 +471,28 @@ class Queue:
 
     # -- reading (see reader.py / tailer.py) -------------------------------------------------------
     def read_arrow(
-        self, *, partition: str, start: int = 0, end: int | None = None, **kwargs: Any
+        self, *, partition: str, start: int | None = None, end: int | None = None, **kwargs: Any
     ) -> pa.Table:
         from cues_platform.queues.reader import read_arrow
 
         return read_arrow(self, partition=partition, start=start, end=end, **kwargs)
 
     def read_spark(
-        self, spark: Any, *, partition: str, start: int = 0, end: int | None = None, **kwargs: Any
+        self, spark: Any, *, partition: str, start: int | None = None, end: int | None = None,
+        **kwargs: Any
     ) -> Any:
         from cues_platform.queues.reader import read_spark
 
         return read_spark(self, spark, partition=partition, start=start, end=end, **kwargs)
 
     def tailer(
-        self, name: str, *, partition: str, isolation: Isolation | str = "read_committed"
+        self, name: str, *, partition: str, isolation: Isolation | str = "read_committed",
+        expendable: bool = False,
     ) -> Tailer:
+        """A named, durable read position (``tailer.py``). An ``expendable`` tailer does not hold
+        back retention: when retention passes it, it is moved to the start offset and told so
+        (``Tailer.retained_away``)."""
         from cues_platform.queues.tailer import Tailer
 
-        return Tailer(queue=self, name=name, partition=partition, isolation=isolation)
+        return Tailer(queue=self, name=name, partition=partition, isolation=isolation,
+                      expendable=expendable)

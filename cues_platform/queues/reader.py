@@ -22,7 +22,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from cues_platform.queues.errors import OffsetOutOfRangeError
 from cues_platform.queues.names import join_uri, validate_partition
+from cues_platform.queues.retention import start_offset
 from cues_platform.queues.schema import (
     OFFSET,
     PARTITION,
@@ -64,15 +66,27 @@ def plan_read(
     queue: Queue,
     *,
     partition: str,
-    start: int,
+    start: int | None,
     end: int | None,
     isolation: Isolation | str = Isolation.READ_COMMITTED,
     call: str = "Queue.read",
 ) -> ReadPlan:
+    """What a read of ``[start, end)`` touches. ``start`` None: the partition's start offset
+    (0 until retention removed rows); a ``start`` below it raises :class:`OffsetOutOfRangeError`
+    (never a silent gap)."""
     queue.check_partition(partition)
-    start, end, isolation = check_range(queue, partition=partition, start=start, end=end,
-                                        isolation=isolation, call=call)
     dt = queue.refresh()
+    first = start_offset(queue, partition, snapshot=dt)
+    start, end, isolation = check_range(queue, partition=partition,
+                                        start=first if start is None else start, end=end,
+                                        isolation=isolation, call=call)
+    if start < first:
+        raise OffsetOutOfRangeError(
+            f"{call}: offset {start} of {queue.name}/{partition} is below the partition's start "
+            f"offset {first}: the rows before it were removed by the queue's retention after "
+            f"every registered reader had read them; read from {first} (omit start to read from "
+            "the start offset)", queue=queue.name, partition=partition, offset=start,
+            start_offset=first)
     available = queue.next_offset(partition, snapshot=dt)
     stop = available if end is None else min(end, available)
     files = (
@@ -184,13 +198,14 @@ def read_arrow(
     queue: Queue,
     *,
     partition: str,
-    start: int = 0,
+    start: int | None = None,
     end: int | None = None,
     isolation: Isolation | str = Isolation.READ_COMMITTED,
     columns: list[str] | None = None,
 ) -> pa.Table:
-    """Rows of ``partition`` with offsets in ``[start, end)`` (end clamped to what exists), in
-    offset order, as one Arrow table. For reads that fit comfortably in driver memory."""
+    """Rows of ``partition`` with offsets in ``[start, end)`` (end clamped to what exists; start
+    None: from the partition's start offset), in offset order, as one Arrow table. For reads
+    that fit comfortably in driver memory."""
     call = "Queue.read_arrow"
     if columns is not None:
         names = queue.table_schema.names
@@ -246,7 +261,7 @@ def read_spark(
     spark: Any,
     *,
     partition: str,
-    start: int = 0,
+    start: int | None = None,
     end: int | None = None,
     isolation: Isolation | str = Isolation.READ_COMMITTED,
 ) -> Any:

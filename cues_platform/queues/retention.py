@@ -38,6 +38,7 @@ from deltalake.exceptions import CommitFailedError
 from cues_platform.errors import ConfigurationError
 from cues_platform.queues.errors import ConcurrentAppendError
 from cues_platform.queues.faults import translated
+from cues_platform.queues.integrity import RETENTION_KEY, START_TXN
 from cues_platform.queues.maintenance import COMMIT_HOOKS
 from cues_platform.queues.schema import APPEND_TIME, OFFSET, PARTITION
 
@@ -48,8 +49,9 @@ if TYPE_CHECKING:
 
 RETENTION_MS_KEY = "cues.retention.ms"
 RETENTION_BYTES_KEY = "cues.retention.bytes"
-START_TXN = "start:"  # app id prefix: version = the partition's start offset
-RETENTION_METADATA_KEY = "cues.retention"  # commit metadata: {partition: [old start, new start]}
+# app id prefix (version = the partition's start offset) and commit metadata key ({partition:
+# [old start, new start]}): defined beside the log checks that read them
+RETENTION_METADATA_KEY = RETENTION_KEY
 DELETE_COMMIT_RETRIES = 100  # appenders commit all the time (as compaction)
 UNLIMITED = -1  # Kafka's value for "no limit"
 

@@ -2,18 +2,27 @@
 
 A tailer's ``position`` is the next offset it will read. Reads advance it in memory; ``commit()``
 makes it durable (so a consumer picks at-least-once or at-most-once by when it commits, as in
-Kafka). A new Tailer with the same name starts from the last committed position (0 if none).
+Kafka). A new Tailer with the same name starts from the last committed position (the partition's start
+offset if none).
+
+Retention (``retention.py``) never removes rows a tailer's committed position still needs,
+unless the tailer is *expendable* (declared with every commit): then retention moves its
+committed position to the new start, and the tailer, on its next read, moves its own position
+there too and adds the offsets it lost to :attr:`Tailer.retained_away` (and logs a warning). A
+tailer that is not expendable whose position is below the start (it seeked there) raises
+:class:`OffsetOutOfRangeError`.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 
-from cues_platform.queues.errors import PositionRangeError, ReadTimeoutError
+from cues_platform.queues.errors import OffsetOutOfRangeError, PositionRangeError, ReadTimeoutError
 from cues_platform.queues.names import validate_name
 from cues_platform.queues.positions import PositionStore
 from cues_platform.queues.reader import Isolation, ReadPlan, execute_arrow, execute_spark, plan_read
@@ -29,6 +38,8 @@ from cues_platform.queues.schema import (
 if TYPE_CHECKING:
     from cues_platform.queues.queue import Queue
 
+log = logging.getLogger(__name__)
+
 
 class Tailer:
     def __init__(
@@ -38,15 +49,21 @@ class Tailer:
         name: str,
         partition: str,
         isolation: Isolation | str = Isolation.READ_COMMITTED,
+        expendable: bool = False,
     ) -> None:
+        if not isinstance(expendable, bool):
+            raise argument_error("Queue.tailer", "expendable", expendable, "not a bool",
+                                 "True or False", queue=queue.name)
         self.queue = queue
+        self.expendable = expendable
+        self.retained_away = 0  # offsets this tailer skipped because retention removed them
         self.name = validate_name(name, kind="tailer")
         self.partition = queue.check_partition(partition)
         self.isolation = check_choice(isolation, Isolation, call="Queue.tailer",
                                       argument="isolation", queue=queue.name)
         self._store = PositionStore(queue.lake)
         committed = self._store.get(queue=queue.name, tailer=self.name, partition=partition)
-        self.position = committed or 0
+        self.position = queue.start_offset(partition) if committed is None else committed
         self._unblock = threading.Event()
 
     def __repr__(self) -> str:
@@ -56,9 +73,10 @@ class Tailer:
 
     # -- positions ----------------------------------------------------------------------------------
     def committed_position(self) -> int:
-        return (
-            self._store.get(queue=self.queue.name, tailer=self.name, partition=self.partition) or 0
-        )
+        """The durable position (the partition's start offset when nothing was committed)."""
+        committed = self._store.get(queue=self.queue.name, tailer=self.name,
+                                    partition=self.partition)
+        return self.queue.start_offset(self.partition) if committed is None else committed
 
     def commit(self, position: int | None = None) -> int:
         """Make ``position`` (default: the current one) durable and return it.
@@ -66,8 +84,19 @@ class Tailer:
         A position outside ``[0, next offset]`` of the partition raises
         :class:`PositionRangeError` (a position past the end would make the tailer skip every
         message written until the partition catches up)."""
-        pos = self.position if position is None else position
         end = self.queue.next_offset(self.partition)
+        first = self.queue.start_offset(self.partition)
+        if position is None and self.expendable and self.position < first:
+            self.retained_away += first - self.position  # retention passed it: caught up
+            self.position = first
+        pos = self.position if position is None else position
+        if is_integer(pos) and 0 <= pos < first:
+            raise OffsetOutOfRangeError(
+                f"tailer {self.name!r} on {self.queue.name}/{self.partition} cannot commit position "
+                f"{pos}: it is below the partition's start offset {first} (retention removed the "
+                f"rows before it); commit a position in [{first}, {end}]",
+                queue=self.queue.name, tailer=self.name, partition=self.partition, offset=pos,
+                start_offset=first)
         if not is_integer(pos) or not 0 <= pos <= end:
             raise PositionRangeError(
                 f"tailer {self.name!r} on {self.queue.name}/{self.partition} cannot commit position "
@@ -77,23 +106,31 @@ class Tailer:
                 position=pos, offset=pos, valid=(0, end))
         pos = int(pos)  # a NumPy integer is an offset too
         self._store.commit(
-            queue=self.queue.name, tailer=self.name, partition=self.partition, position=pos
+            queue=self.queue.name, tailer=self.name, partition=self.partition, position=pos,
+            expendable=self.expendable,
         )
         return pos
 
     def seek(self, where: int | Literal["start", "end"]) -> int:
         """Move to an offset, to the start, or past the last message; returns the new position."""
         end = self.queue.next_offset(self.partition)
+        first = self.queue.start_offset(self.partition)
         if where == "start":
-            self.position = 0
+            self.position = first
         elif where == "end":
             self.position = end
-        elif is_integer(where) and 0 <= where <= end:
+        elif is_integer(where) and 0 <= where < first:
+            raise OffsetOutOfRangeError(
+                f"Tailer.seek ({self.name!r} on {self.queue.name}/{self.partition}): offset {where} "
+                f"is below the partition's start offset {first} (retention removed the rows "
+                f"before it); seek to 'start' or an offset in [{first}, {end}]",
+                queue=self.queue.name, partition=self.partition, offset=where, start_offset=first)
+        elif is_integer(where) and first <= where <= end:
             self.position = int(where)
         else:
             raise argument_error(
                 f"Tailer.seek ({self.name!r} on {self.queue.name}/{self.partition})", "where", where,
-                "not a position", f"'start', 'end' or an offset in [0, {end}]",
+                "not a position", f"'start', 'end' or an offset in [{first}, {end}]",
                 queue=self.queue.name, error=InvalidRangeError, partition=self.partition,
                 offset=where)
         return self.position
@@ -109,6 +146,14 @@ class Tailer:
         count = check_int(max_messages, call=call, argument="max_messages", minimum=1,
                           queue=self.queue.name, error=InvalidRangeError,
                           expected="an int >= 1 (the most messages to read)")
+        first = self.queue.start_offset(self.partition)
+        if self.position < first and self.expendable:
+            lost = first - self.position
+            log.warning("tailer %r on %s/%s: retention removed offsets [%d, %d) before it read "
+                        "them (it is expendable); it goes on from %d", self.name, self.queue.name,
+                        self.partition, self.position, first, first)
+            self.retained_away += lost
+            self.position = first
         return plan_read(
             self.queue,
             partition=self.partition,
@@ -179,7 +224,7 @@ class Tailer:
         count = check_int(count, call="Tailer.read_backward", argument="count",
                           queue=self.queue.name, error=InvalidRangeError,
                           expected="an int >= 0 (how many messages before the position)")
-        start = max(0, self.position - count)
+        start = max(self.queue.start_offset(self.partition), self.position - count)
         plan = plan_read(
             self.queue,
             partition=self.partition,
