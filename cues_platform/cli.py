@@ -199,7 +199,7 @@ def _show(name: str, q: Queue) -> None:
         console.print(f"  {field.name}: {field.type}{'' if field.nullable else ' not null'}")
     from cues_platform.queues.retention import policy_of
 
-    console.print(f"retention: {policy_of(q).describe()}", highlight=False)
+    click.echo(f"retention: {policy_of(q).describe()}")
     table = Table("partition", "messages", "start offset", "last offset", "files")
     for p in q.partitions:
         files = q.files(partition=p)
@@ -255,7 +255,7 @@ def queue_maintain(name: str, retention_hours: float, unsafe_allow_short_retenti
             q, retention_hours=retention_hours,
             unsafe_allow_short_retention=unsafe_allow_short_retention)
     for line in retained.lines():
-        console.print(line, highlight=False)
+        click.echo(line)
     for report in reports:
         console.print(report)
 
