@@ -45,6 +45,7 @@ from typing import Any
 import pyarrow as pa
 from pyarrow import fs
 
+from cues_platform import clock
 from cues_platform.processing.contracts import checked_in_step
 from cues_platform.processing.graph import Graph, Out, OutputWriter, Processor, Strategy
 from cues_platform.processing.outputs import to_arrow
@@ -157,7 +158,8 @@ def write_by_executors(
             acc += counts[pid]
         base = F.create_map(*bases)[F.col(_PID)]
         index = F.col(_MID) - F.shiftleft(F.col(_PID).cast("long"), 33)
-        now = datetime.now(UTC)
+        # the platform's clock, like the driver's appends: retention by age reads _append_time
+        now = datetime.fromtimestamp(clock.now_ms() / 1000, UTC)
         # Step 4
         relative = f"_partition={partition}/step-{delivery_hash[:8]}-{uuid.uuid4().hex[:12]}"
         out = cached.select(

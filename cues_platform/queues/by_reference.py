@@ -43,6 +43,7 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction
 from pyarrow import fs
 
+from cues_platform import clock
 from cues_platform.queues.appender import DEFAULT_MAX_ATTEMPTS, REBASE_RETRIES, AppendResult, Guard
 from cues_platform.queues.errors import ConcurrentAppendError, QueueError
 from cues_platform.queues.filesystems import filesystem_for
@@ -264,8 +265,8 @@ def commit_files(
     metadata = {"cues.queue": queue.name, **dict(commit_metadata or {}),
                 "cues.ranges": ";".join(f"{p}:{s}-{e}" for p, (s, e) in ranges.items()),
                 "cues.commit": uuid.uuid4().hex}  # finds this commit's version afterwards
-    now_ms = int(time.time() * 1000)
-    actions = [AddAction(f.path, f.size, {PARTITION: p}, now_ms, True, f.stats)
+    at_ms = clock.now_ms()  # the add actions' modificationTime, on the platform's clock
+    actions = [AddAction(f.path, f.size, {PARTITION: p}, at_ms, True, f.stats)
                for p, w in sorted(parts.items()) for f in w.files]
     txns = [Transaction(f"part:{p}", end) for p, (_, end) in ranges.items()]
     txns += [Transaction(app_id, version) for app_id, version in app_transactions]

@@ -12,17 +12,42 @@ and a snapshot a reader opened within the retention still needs the files it lis
 shorter than :data:`MIN_SAFE_RETENTION_HOURS` is refused (as Delta's ``retentionDurationCheck``
 does) unless the caller passes ``unsafe_allow_short_retention=True`` (tests, tables no one is
 writing). delta-rs takes whole hours: a fraction is rounded *up*, never down.
+
+Time (issue 23 item 5, "one clock"). Both age rules here read the platform's clock
+(:func:`cues_platform.clock.now_ms`), which tests and the fault harness's time nemesis advance:
+
+* **Vacuum horizon.** delta-rs judges a file's age (a tombstone's deletion time, an unreferenced
+  file's modification time) against the real clock of the vacuuming process and takes no other
+  clock, so :func:`vacuum` hands it the retention shifted by how far the platform's clock is ahead
+  of real time (:func:`delta_retention_hours`): a file is deleted when it is older than the
+  retention *by the platform's clock*. The shift never takes the retention below
+  :data:`MIN_SAFE_RETENTION_HOURS` of real time (nor below a shorter retention the caller chose
+  with ``unsafe_allow_short_retention``): a clock running ahead, by a skew or by the time
+  nemesis, can never delete the files of an append about to commit or of a snapshot a reader
+  opened within the last hour. A clock behind real time only keeps files longer.
+* **Log retention.** :func:`checkpoint` drops log entries (:func:`trim_expired_log`) only below
+  the second-newest checkpoint, whose state holds everything they held, and only those whose
+  commit timestamp (``commitInfo.timestamp``, stamped by the committing writer) is older than the
+  table's ``delta.logRetentionDuration`` (default 30 days) by the platform's clock. A clock
+  however far ahead costs time travel to old versions, never a row. delta-rs'
+  ``cleanup_metadata`` is not used: it judges by the real clock and keeps entries only down to
+  the newest checkpoint. The one other thing entries below a checkpoint hold, the step records of
+  a processor's home queue, is never trimmed by age (see :func:`trim_expired_log`).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import re
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from deltalake import CommitProperties, PostCommitHookProperties, WriterProperties
 from deltalake.exceptions import CommitFailedError
 
+from cues_platform import clock
 from cues_platform.errors import ConfigurationError
 from cues_platform.queues.errors import ConcurrentAppendError, UnsafeRetentionError
 from cues_platform.queues.integrity import LOG_DIR, TableStorage
@@ -73,6 +98,9 @@ class MaintenanceReport:
     files_added: int = 0
     files_vacuumed: int = 0
     checkpoint_version: int | None = None
+    log_entries_removed: int = 0
+    # the whole hours handed to delta-rs' vacuum (the retention shifted to the platform's clock)
+    vacuum_hours: int | None = None
 
 
 COMPACT_COMMIT_RETRIES = 100
@@ -136,6 +164,23 @@ def retention_whole_hours(queue: str, retention_hours: float, *, unsafe: bool) -
     return math.ceil(retention_hours)
 
 
+def platform_ahead_ms() -> int:
+    """How far the platform's clock is ahead of this process's real clock (negative: behind),
+    in whole seconds: the two readings are microseconds apart, and a sub-second difference must
+    not move a retention that delta-rs rounds to whole hours."""
+    real_ms = time.time_ns() // 1_000_000
+    return 1000 * round((clock.now_ms() - real_ms) / 1000)
+
+
+def delta_retention_hours(retention_hours: float, *, ahead_ms: int) -> int:
+    """The whole hours to give delta-rs' vacuum (which judges ages by the real clock) so that it
+    deletes what is older than ``retention_hours`` by a platform clock ``ahead_ms`` ahead of real
+    time: ``retention_hours - ahead``, but never below ``min(retention_hours,``
+    :data:`MIN_SAFE_RETENTION_HOURS` ``)`` of real time; rounded up."""
+    floor = min(retention_hours, MIN_SAFE_RETENTION_HOURS)
+    return math.ceil(max(floor, retention_hours - ahead_ms / 3_600_000))
+
+
 def vacuum(
     queue: Queue,
     *,
@@ -143,10 +188,12 @@ def vacuum(
     unsafe_allow_short_retention: bool = False,
 ) -> MaintenanceReport:
     """Delete files no snapshot within ``retention_hours`` references (and orphaned files of
-    failed appends older than that). The retention is rounded up to whole hours; below
-    :data:`MIN_SAFE_RETENTION_HOURS` it needs ``unsafe_allow_short_retention=True`` (see the
-    module docstring)."""
-    hours = retention_whole_hours(queue.name, retention_hours, unsafe=unsafe_allow_short_retention)
+    failed appends older than that), ages judged by the platform's clock but never below
+    :data:`MIN_SAFE_RETENTION_HOURS` of real time (:func:`delta_retention_hours`). The retention
+    is rounded up to whole hours; below :data:`MIN_SAFE_RETENTION_HOURS` it needs
+    ``unsafe_allow_short_retention=True`` (see the module docstring)."""
+    retention_whole_hours(queue.name, retention_hours, unsafe=unsafe_allow_short_retention)
+    hours = delta_retention_hours(retention_hours, ahead_ms=platform_ahead_ms())
     dt = queue.refresh()
     deleted = dt.vacuum(
         retention_hours=hours,
@@ -154,15 +201,100 @@ def vacuum(
         enforce_retention_duration=False,
         full=True,
     )
-    return MaintenanceReport(queue.name, files_vacuumed=len(deleted))
+    return MaintenanceReport(queue.name, files_vacuumed=len(deleted), vacuum_hours=hours)
 
 
 def checkpoint(queue: Queue) -> MaintenanceReport:
-    """Write a Delta checkpoint at the current version and drop expired log files."""
+    """Write a Delta checkpoint at the current version and drop the log entries that expired by
+    the platform's clock (:func:`trim_expired_log`)."""
     dt = queue.refresh()
     dt.create_checkpoint()
-    dt.cleanup_metadata()
-    return MaintenanceReport(queue.name, checkpoint_version=dt.version())
+    retention_ms = log_retention_ms(queue.name, dt.metadata().configuration)
+    removed = trim_expired_log(TableStorage(queue.uri, queue.lake.options),
+                               retention_ms=retention_ms, now_ms=clock.now_ms())
+    return MaintenanceReport(queue.name, checkpoint_version=dt.version(),
+                             log_entries_removed=removed)
+
+
+LOG_RETENTION_PROPERTY = "delta.logRetentionDuration"
+DEFAULT_LOG_RETENTION_MS = 30 * 24 * 3_600_000  # Delta's default: 30 days
+# A commit holding a processor step's record (processing/home.py's STEP_RECORD_KEY): it leaves the
+# log only through home.trim_home_log, below what the home's digests hold, never by age.
+STEP_RECORD_COMMIT_KEY = "cues.step_record"
+_INTERVAL_UNITS_MS = {
+    "nanosecond": 1e-6, "microsecond": 1e-3, "millisecond": 1, "second": 1_000,
+    "minute": 60_000, "hour": 3_600_000, "day": 86_400_000, "week": 604_800_000,
+}
+_INTERVAL = re.compile(r"^\s*interval\s+(\d+)\s+([a-z]+?)s?\s*$", re.IGNORECASE)
+
+
+def log_retention_ms(queue: str, configuration: dict[str, str]) -> int:
+    """The table's ``delta.logRetentionDuration`` in milliseconds (``interval <n> <unit>``, as
+    Delta writes it; 30 days when unset)."""
+    text = configuration.get(LOG_RETENTION_PROPERTY)
+    if text is None:
+        return DEFAULT_LOG_RETENTION_MS
+    found = _INTERVAL.match(text)
+    if found is None or found.group(2).lower() not in _INTERVAL_UNITS_MS:
+        raise ConfigurationError(
+            f"queue {queue!r}: table property {LOG_RETENTION_PROPERTY} = {text!r} is not an "
+            "interval Cues can read; set it to 'interval <n> <unit>' (unit: second, minute, hour, "
+            "day or week), e.g. 'interval 30 days'",
+            queue=queue, property=LOG_RETENTION_PROPERTY, value=text)
+    return math.ceil(int(found.group(1)) * _INTERVAL_UNITS_MS[found.group(2).lower()])
+
+
+def _commit_info(entry: bytes) -> dict | None:
+    """The ``commitInfo`` action of a commit entry, or None (no such line, or unreadable)."""
+    for line in entry.splitlines():
+        if b'"commitInfo"' not in line:
+            continue
+        try:
+            action = json.loads(line)
+        except ValueError:
+            return None
+        info = action.get("commitInfo") if isinstance(action, dict) else None
+        if isinstance(info, dict):
+            return info
+    return None
+
+
+def trim_expired_log(storage: TableStorage, *, retention_ms: int, now_ms: int) -> int:
+    """Delete the log entries (commits, checkpoints, checksums) of the versions below the
+    second-newest checkpoint whose commit is older than ``retention_ms`` at ``now_ms`` (the
+    platform's clock); returns how many files went.
+
+    Versions go oldest first and the trim stops at the first one it may not delete, so the log
+    never has a hole and a crash in the middle leaves a log that loads. It stops at a commit that
+    is younger than the retention, that it cannot read a ``commitInfo.timestamp`` from (the
+    integrity check reports such a commit; nothing is judged on a guess), or that holds a
+    processor step's record (:data:`STEP_RECORD_COMMIT_KEY`: those go only below a digest,
+    ``processing/home.py``). Everything below the second-newest checkpoint is held by that
+    checkpoint's state, so no row is ever lost, whatever the clock says: only time travel to the
+    versions deleted, and a reader that chose the previous checkpoint still finds its entries."""
+    names = [n for n in storage.log_entries() if n[:20].isdigit()]
+    checkpoints = sorted({int(n[:20]) for n in names if ".checkpoint." in n})
+    if len(checkpoints) < 2:
+        return 0
+    cut, horizon = checkpoints[-2], now_ms - retention_ms
+    versions: dict[int, list[str]] = {}
+    for name in names:
+        if int(name[:20]) < cut:
+            versions.setdefault(int(name[:20]), []).append(name)
+    removed = 0
+    for version in sorted(versions):
+        commit = f"{version:020d}.json"
+        entry = storage.read(f"{LOG_DIR}/{commit}") if commit in versions[version] else None
+        if entry is not None:
+            info = _commit_info(entry)
+            stamp = info.get("timestamp") if info is not None else None
+            if not isinstance(stamp, int) or stamp > horizon or STEP_RECORD_COMMIT_KEY in info:
+                break
+        # the commit entry last: a crash before it leaves the version to be judged again
+        doomed = sorted(versions[version], key=lambda n: n == commit)
+        storage.delete(f"{LOG_DIR}/{n}" for n in doomed)
+        removed += len(doomed)
+    return removed
 
 
 def trim_log(storage: TableStorage, *, upto: int | None = None) -> int:
