@@ -169,6 +169,7 @@ RUN_BY: dict[tuple[str, str], str] = {
     ("docs/dagster.md", "A graph becomes definitions"): f"{DOCS_TESTS}::test_build_definitions_example",
     ("docs/dagster.md", "Two ways to write a processor"): f"{DOCS_TESTS}::test_processor_asset_example",
     ("docs/auditor.md", "The auditor"): f"{DOCS_TESTS}::test_auditor_examples",
+    ("docs/queues.md", "Retention"): f"{DOCS_TESTS}::test_retention_example",
     ("docs/auditor.md", AUDIT): f"{DOCS_TESTS}::test_auditor_examples",
     ("docs/auditor.md", AUDIT_JSON): f"{DOCS_TESTS}::test_auditor_examples",
     ("docs/auditor.md", AUDIT_GRAPH): f"{DOCS_TESTS}::test_auditor_examples",

@@ -149,6 +149,16 @@ graph = Graph.build(
 '''
 
 
+def test_retention_example(exec_block: Callable[..., dict], capsys: pytest.CaptureFixture) -> None:
+    """docs/queues.md "Retention": the start goes to the tailer's position, not past, and a read
+    below it names the start; what it prints is the text block under it, line for line."""
+    ns = exec_block(python_block("docs/queues.md", "Retention"))
+    assert ns["orders"].start_offset("0") == 60
+    (printed,) = [b for b in examples.blocks()
+                  if b.file == "docs/queues.md" and b.section == "Retention" and b.language == "text"]
+    assert capsys.readouterr().out.splitlines() == printed.text.strip("\n").splitlines()
+
+
 def test_auditor_examples(spark: Any, chdir_tmp: Path, exec_block: Callable[..., dict]) -> None:
     """The auditor's examples on the lake of their text: ``./lake`` with processors ``enrich`` (map)
     and ``split`` (fork) of the graph ``shop/graph.py:graph``, run exactly once: clean."""
