@@ -13,6 +13,7 @@ from cues_platform.audit.discovery import open_backing
 from cues_platform.audit.report import MALFORMED_RECORD, Violation
 from cues_platform.processing.backing import Record, RecordType, Snapshot, expand
 from cues_platform.queues import Lake, Queue
+from cues_platform.queues.retention import start_offset
 from cues_platform.queues.schema import OFFSET
 
 
@@ -24,6 +25,7 @@ class Backing:
     cut: int  # next offset at the time of the read
     epoch: int
     violations: list[Violation]
+    start: int = 0  # the backing queue's start offset: records below it were retained away
 
 
 def parse_records(processor: str, table: pa.Table) -> tuple[list[Record], list[Violation]]:
@@ -72,9 +74,11 @@ def read_backing(lake: Lake, processor: str, queue: Queue | None = None) -> Back
     dt = queue.refresh()
     cut = queue.next_offset("0", snapshot=dt)
     version = dt.transaction_version("epoch")
-    table = queue.read_arrow(partition="0", start=0, end=cut)
+    start = start_offset(queue, "0", snapshot=dt)  # records below it were retained away
+    table = queue.read_arrow(partition="0", start=start, end=cut)
     records, bad = parse_records(processor, table)
-    return Backing(processor, queue, records, cut, -1 if version is None else int(version), bad)
+    return Backing(processor, queue, records, cut, -1 if version is None else int(version), bad,
+                   start)
 
 
 def record_rows(record: Record) -> dict[str, dict[str, int]]:

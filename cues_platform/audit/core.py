@@ -35,6 +35,7 @@ from cues_platform.audit.report import (
     Violation,
     sort_violations,
 )
+from cues_platform.audit.retained import retained_outputs, starts_of
 from cues_platform.audit.rows import QueueRows, read_queue_rows
 from cues_platform.audit.sequence import Steps, alts_violations, arrange
 from cues_platform.audit.storage import (
@@ -103,6 +104,15 @@ def audit(lake: Lake, *, graph: Graph | None = None) -> AuditReport:
             unreadable.add(name)
         elif q is not None:
             queues[name] = q
+    # Start offsets (retention): rows below them were removed on purpose. Step 5 checked that
+    # every partition holds [start, next); the rows of exactly-once-written queues are read with
+    # their own snapshot's starts below.
+    starts: dict[tuple[str, str], int] = {}
+    for name, q in sorted(queues.items()):
+        try:
+            starts.update({(name, p): s for p, s in starts_of(q, q.refresh()).items()})
+        except STORAGE_ERRORS as exc:
+            violations.append(unreadable_violation(exc, table=name, uri=q.uri))
 
     # Read the backing queues first (see the package docstring on ordering).
     backings: dict[str, Backing] = {}
@@ -132,10 +142,19 @@ def audit(lake: Lake, *, graph: Graph | None = None) -> AuditReport:
     known: dict[str, Known] = {}  # hash -> attempt
     snapshot_only: dict[str, Record] = {}  # hash -> trailing snapshot without an attempt
     eo_queues: set[str] = set()
+    truncated: set[str] = set()  # processors whose first backing records were retained away
     for pid, b in backings.items():
         # Step 4: the backing queue itself.
         violations += b.violations
-        arranged = arrange(pid, b.records)
+        first_step = 0
+        if b.start > 0 and b.records:
+            first_step = min(r.step for r in b.records)
+            truncated.add(pid)
+            notes.append(
+                f"the backing queue of {pid!r} starts at offset {b.start} (its records below it "
+                f"were retained away): its history is audited from step {first_step}, and the "
+                "first reads of that step are not checked against R2 (where they start)")
+        arranged = arrange(pid, b.records, first_step=first_step)
         violations += arranged.violations
         steps[pid] = arranged
         for rec in arranged.attempts.values():
@@ -168,6 +187,8 @@ def audit(lake: Lake, *, graph: Graph | None = None) -> AuditReport:
         except STORAGE_ERRORS as exc:
             violations.append(unreadable_violation(exc, table=name, uri=queues[name].uri))
             rows[name] = QueueRows(name, True, {}, {}, readable=False)
+    for name, qr in rows.items():
+        starts.update({(name, p): s for p, s in qr.starts.items()})
     ends = input_ends(steps, queues)
 
     # Attempts appended meanwhile: their hashes are known, their steps are the next audit's.
@@ -202,15 +223,19 @@ def audit(lake: Lake, *, graph: Graph | None = None) -> AuditReport:
             ))  # fmt: skip
 
     # Step 3: which attempts are delivered (the others are undelivered or pending).
+    # Step 3: which steps' rows are below an output partition's start offset (retained, not
+    # missing), and whether they fit below it.
+    retained = retained_outputs(steps, rows)
+    violations += retained.violations
     delivered: dict[str, list[Record]] = {}
     pendings: dict[str, str | None] = {}
     for pid, arranged in steps.items():
-        delivered[pid], pendings[pid], bad = delivered_steps(pid, arranged, rows)
+        delivered[pid], pendings[pid], bad = delivered_steps(pid, arranged, rows, retained)
         violations += bad
     # Step 2: attribution of every hashed (and unhashed) row.
     violations += attribution_checks(rows, known, late, snapshot_only, graph, backings, notes)
     # Step 3: counts, contiguity and app transactions.
-    violations += count_checks(rows, known)
+    violations += count_checks(rows, known, retained)
     violations += transaction_checks(rows, known, late)
 
     # Step 3: no step that read nothing produced rows. Step 4: every staged file an attempt names
@@ -230,7 +255,7 @@ def audit(lake: Lake, *, graph: Graph | None = None) -> AuditReport:
     except STORAGE_ERRORS as exc:  # a queue that opened but whose log cannot be read now
         violations.append(unreadable_violation(exc, table="positions", uri=lake.root))
         stored = {}
-    violations += position_checks(delivered, stored)
+    violations += position_checks(delivered, stored, starts, frozenset(truncated))
 
     # Step 6: error rows written by platform failures, in every error queue.
     for name, q in sorted(queues.items()):
@@ -242,6 +267,16 @@ def audit(lake: Lake, *, graph: Graph | None = None) -> AuditReport:
     if graph is not None:
         notes += graph_notes(graph, backings)
     all_queues = set(queues) | unreadable
+    retained_below: dict[str, dict[str, int]] = {}
+    for (name, part), start in sorted(starts.items()):
+        if start > 0:
+            retained_below.setdefault(name, {})[part] = start
+    for pid, b in sorted(backings.items()):
+        if b.start > 0:
+            retained_below[f"backing/{pid}"] = {"0": b.start}
+    below_start = sum(
+        1 for recs in delivered.values() for rec in recs for r in rec.snapshot.inputs.values()
+        if r.size > 0 and r.start < starts.get((r.queue, r.partition), 0))
     return AuditReport(
         lake=lake.root,
         violations=tuple(sort_violations(violations)),
@@ -249,6 +284,12 @@ def audit(lake: Lake, *, graph: Graph | None = None) -> AuditReport:
         queues_checked=tuple(sorted(q for q in eo_queues if rows[q].exists and rows[q].readable)),
         queues_not_checked=tuple(sorted(all_queues - eo_queues)),
         notes=tuple(notes),
+        retained_below=retained_below,
+        retained_steps={
+            "input_ranges_below_start": below_start,
+            "output_steps_committed": len(retained.proven),
+            "output_steps_by_order": len(retained.by_order),
+        },
     )
 
 

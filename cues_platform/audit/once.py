@@ -18,14 +18,18 @@ from cues_platform.audit.report import (
     UNDELIVERED,
     Violation,
 )
+from cues_platform.audit.retained import Retained
 from cues_platform.audit.rows import QueueRows
 from cues_platform.audit.sequence import Steps
 from cues_platform.processing.backing import Record
 from cues_platform.processing.outputs import proc_app_id
 
 
-def count_checks(rows: Mapping[str, QueueRows], known: Mapping[str, Known]) -> list[Violation]:
-    """Row counts and contiguity of every attributed (queue, partition, hash)."""
+def count_checks(rows: Mapping[str, QueueRows], known: Mapping[str, Known],
+                 retained: Retained | None = None) -> list[Violation]:
+    """Row counts and contiguity of every attributed (queue, partition, hash). ``retained``: the
+    steps whose rows are (partly) below the start offset (:mod:`.retained`), not missing."""
+    retained = retained or Retained()
     bad: list[Violation] = []
     for name, qr in rows.items():
         for (part, h), runs in sorted(qr.runs.items()):
@@ -51,7 +55,8 @@ def count_checks(rows: Mapping[str, QueueRows], known: Mapping[str, Known]) -> l
                         processor=pid, queue=name, partition=part, offsets=(start, end), hash=h,
                         step=rec.step,
                     ))  # fmt: skip
-            elif expected >= 0 and total < expected:
+            elif expected >= 0 and total < expected and (
+                    retained.partial.get((h, name, part)) != expected - total):
                 bad.append(Violation(
                     ROW_COUNT_MISMATCH,
                     f"step {rec.step} of {pid!r} has {total} row(s) in {name}/{part} but its "
@@ -74,7 +79,7 @@ def count_checks(rows: Mapping[str, QueueRows], known: Mapping[str, Known]) -> l
             if k is None:
                 continue
             for part, n in sorted(record_rows(k.record).get(name, {}).items()):
-                if part not in parts and n != 0:
+                if part not in parts and n != 0 and not retained.explains(h, name, part):
                     bad.append(Violation(
                         ROW_COUNT_MISMATCH,
                         f"step {k.record.step} of {k.processor!r} recorded {n} row(s) for "
@@ -87,9 +92,11 @@ def count_checks(rows: Mapping[str, QueueRows], known: Mapping[str, Known]) -> l
 
 
 def delivered_steps(
-    pid: str, arranged: Steps, rows: Mapping[str, QueueRows]
+    pid: str, arranged: Steps, rows: Mapping[str, QueueRows], retained: Retained | None = None
 ) -> tuple[list[Record], str | None, list[Violation]]:
-    """Delivered attempts in step order, the pending work in words, and undelivered attempts."""
+    """Delivered attempts in step order, the pending work in words, and undelivered attempts.
+    A queue whose rows of the step are all below its start offset (``retained``) holds them."""
+    retained = retained or Retained()
     got: list[Record] = []
     bad: list[Violation] = []
     pending: str | None = None
@@ -99,6 +106,7 @@ def delivered_steps(
         # A queue that step 5 found unreadable cannot show the commit: not reported twice.
         missing = [
             q for q in sorted(record_rows(rec)) if rows[q].readable and rec.hash not in rows[q].hashes
+            and not retained.missing_queue_retained(rec, q)
         ]
         if not missing:
             got.append(rec)

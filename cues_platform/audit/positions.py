@@ -11,23 +11,28 @@ lane's *own partition* is the part of its id after the dot (``"0"`` for ``p`` it
 R1. Within one processor id, in step order: a step's range on (q, part) starts exactly where the
     previous step of that processor on (q, part) ended. A later start skipped offsets ([gap]), an
     earlier one reads offsets again ([overlap]).
-R2. The first step of a processor on (q, part) starts at 0 (there is no retention start offset
-    yet), or exactly where another lane of its family ended (q, part) for good: a redeployment
+R2. The first step of a processor on (q, part) starts at 0, at or below the partition's start
+    offset when no family lane read it before (a lane deployed after retention removed rows
+    starts at the start offset: the offsets below it are retained-away, :mod:`.retained`), or
+    exactly where another lane of its family ended (q, part) for good: a redeployment
     that handed (q, part) from lane ``p.x`` to lane ``p`` (the *predecessor*'s last read ends
     where the successor's first begins). A first start that no family lane ended at is a gap
     (from the highest family end below it, or 0) or, when a family lane read past it, an
-    overlap. This catches issue 22's reproduction: ``p.x`` read a/x [0, 10), ``p`` was redeployed
+    overlap (a gap never includes offsets below the start that no family lane read: those
+    are retained-away). This catches issue 22's reproduction: ``p.x`` read a/x [0, 10), ``p`` was redeployed
     onto a/x and started at 30 (partition 0's position): gap [10, 30); or ``p.x`` ended at 30 and
     ``p`` started at 10: overlap [10, 30).
 R3. Exclusive partitions: when two or more lanes of a family read a binding each at its own
     partition (an every-partition binding ``In(q)``), partition ``part`` of ``q`` belongs to the
     lane whose own partition is ``part``. Another lane of the family that also reads it from
-    offset 0 delivers the owner's offsets again ([overlap]). A side input that every lane reads
+    the beginning (offset 0, or the start offset with no lane before it) delivers the owner's
+    offsets again ([overlap]). A side input that every lane reads
     in full (``In("rates", "0")``: each lane its own position) is not exclusive: only one lane
     reads it at its own partition, so any number of lanes may read it from 0.
 R4. Stored positions: the home queue's ``pos:{p}:{q}/{part}`` app transaction equals the end of
-    ``p``'s last delivered read of (q, part); for a (q, part) that ``p`` never read it is 0 or the
-    end of a family lane's reads of it (a handed-over position). Anything else is a position
+    ``p``'s last delivered read of (q, part); for a (q, part) that ``p`` never read it is 0, the
+    partition's start offset, or the end of a family lane's reads of it (a handed-over
+    position). Anything else is a position
     applied to a partition it was not read from, or moved ([position]).
 
 What the lake cannot show: two lanes that each read a partition from offset 0 where no binding is
@@ -137,9 +142,15 @@ def exclusive_owners(delivered: Mapping[str, list[Record]]) -> dict[Key, str]:
 Stored = Mapping[tuple[str, str, str], tuple[int, int | None]]
 
 
-def position_checks(delivered: Mapping[str, list[Record]], stored: Stored) -> list[Violation]:
+def position_checks(delivered: Mapping[str, list[Record]], stored: Stored,
+                    starts: Mapping[Key, int] | None = None,
+                    truncated: frozenset[str] = frozenset()) -> list[Violation]:
     """R1-R4 over every processor's delivered steps. ``stored``: (processor, queue, partition) ->
-    (the ``pos:`` app transaction in its home queue, the home's ``proc:`` step there)."""
+    (the ``pos:`` app transaction in its home queue, the home's ``proc:`` step there).
+    ``starts``: (queue, partition) -> start offset (retention; absent: 0). ``truncated``:
+    processors whose first steps were retained away from their backing queue (their first reads
+    are not their first: R2 is not checked for them)."""
+    starts = starts or {}
     bad: list[Violation] = []
     chains: dict[str, dict[Key, Chain]] = {}
     for pid, recs in sorted(delivered.items()):
@@ -153,20 +164,24 @@ def position_checks(delivered: Mapping[str, list[Record]], stored: Stored) -> li
         keys = sorted({k for pid in lanes for k in chains[pid]})
         for key in keys:
             readers = [chains[pid][key] for pid in lanes if key in chains[pid]]
-            bad += _handoffs(family, key, readers)
+            start = starts.get(key, 0)
+            bad += _handoffs(family, key, [c for c in readers if c.processor not in truncated],
+                             readers, start)
             owner = owners.get(key)
             if owner is not None and owner in lanes:
-                bad += _exclusive(key, owner, readers)
+                bad += _exclusive(key, owner, readers, start)
         for pid in lanes:
-            bad += _stored(pid, lanes, chains, delivered.get(pid, []), stored)
+            bad += _stored(pid, lanes, chains, delivered.get(pid, []), stored, starts)
     return bad
 
 
-def _handoffs(family: str, key: Key, readers: list[Chain]) -> list[Violation]:
-    """R2: a first read that does not start at 0 continues a family lane that ended there."""
+def _handoffs(family: str, key: Key, checked: list[Chain], readers: list[Chain],
+              start: int = 0) -> list[Violation]:
+    """R2: a first read that does not start at 0 continues a family lane that ended there, or
+    starts at or below the start offset where no family lane read before."""
     queue, part = key
     bad = []
-    for c in readers:
+    for c in checked:
         if c.first_start == 0:
             continue
         others = [o for o in readers if o is not c]
@@ -187,8 +202,13 @@ def _handoffs(family: str, key: Key, readers: list[Chain]) -> list[Violation]:
             ))  # fmt: skip
             continue
         before = max((o.end for o in others if o.end < c.first_start), default=0)
-        who = [o.processor for o in others if o.end == before]
+        who = [o.processor for o in others if o.end == before and before > 0]
+        if not who and c.first_start <= start:
+            continue  # deployed after retention: [0, first start) is retained-away, not skipped
         after = f"{who[0]!r} of the same family ended at {before}" if who else "nothing read it before"
+        if not who and start > 0:  # offsets below the start are retained-away, not skipped
+            before = start
+            after = f"nothing read it before (offsets [0, {start}) are retained-away)"
         bad.append(Violation(
             GAP,
             f"{c.processor!r} started reading {queue}/{part} at {c.first_start} (step "
@@ -200,32 +220,41 @@ def _handoffs(family: str, key: Key, readers: list[Chain]) -> list[Violation]:
     return bad
 
 
-def _exclusive(key: Key, owner: str, readers: list[Chain]) -> list[Violation]:
-    """R3: no other lane reads the owner's partition from 0 too."""
+def _fresh(c: Chain, readers: list[Chain], start: int) -> bool:
+    """``c`` reads from the beginning: offset 0, or the start offset (or below) with no family
+    lane ending where it starts (not a hand-over)."""
+    return c.first_start == 0 or (
+        c.first_start <= start and not any(o.end == c.first_start for o in readers if o is not c))
+
+
+def _exclusive(key: Key, owner: str, readers: list[Chain], start: int = 0) -> list[Violation]:
+    """R3: no other lane reads the owner's partition from the beginning too."""
     queue, part = key
     mine = next((c for c in readers if c.processor == owner), None)
-    if mine is None or mine.first_start != 0:
+    if mine is None or not _fresh(mine, readers, start):
         return []  # the owner took it over (R2 checked its start)
     bad = []
     for c in readers:
-        if c is mine or c.first_start != 0:
+        if c is mine or not _fresh(c, readers, start):
             continue
+        first = max(c.first_start, mine.first_start)
         stop = min(c.end, mine.end)
-        if stop <= 0:
+        if stop <= first:
             continue
         bad.append(Violation(
             OVERLAP,
             f"{queue}/{part} is lane {owner!r}'s own partition (its family reads {queue} one "
-            f"partition per lane), yet {c.processor!r} read it from 0 too: offsets [0, {stop}) "
-            "are delivered twice",
-            processor=c.processor, queue=queue, partition=part, offsets=(0, stop),
+            f"partition per lane), yet {c.processor!r} read it from {c.first_start} too: offsets "
+            f"[{first}, {stop}) are delivered twice",
+            processor=c.processor, queue=queue, partition=part, offsets=(first, stop),
             step=c.first_step,
         ))  # fmt: skip
     return bad
 
 
 def _stored(pid: str, lanes: list[str], chains: Mapping[str, Mapping[Key, Chain]],
-            recs: list[Record], stored: Stored) -> list[Violation]:
+            recs: list[Record], stored: Stored,
+            starts: Mapping[Key, int] | None = None) -> list[Violation]:
     """R4: the stored positions of ``pid`` agree with what it (or its family) read. A position is
     compared with the steps its home has (``proc:`` <= the home's step): an attempt recorded
     after it is not closed by the home yet (recovery closes it) and moves no position."""
@@ -245,7 +274,7 @@ def _stored(pid: str, lanes: list[str], chains: Mapping[str, Mapping[Key, Chain]
         else:
             ends = {chains[o][(queue, part)].end for o in lanes
                     if o != pid and (queue, part) in chains[o]}
-            if value == 0 or value in ends:
+            if value == 0 or value in ends or value == (starts or {}).get((queue, part), 0):
                 continue
             why = ("it never read that partition"
                    + (f" and its family's reads end at {sorted(ends)}" if ends else ""))

@@ -147,6 +147,15 @@ class AuditReport:
     queues_checked: tuple[str, ...]  # written by exactly-once processors: every hash checked
     queues_not_checked: tuple[str, ...]  # no exactly-once writer: not audited for hashes
     notes: tuple[str, ...] = field(default=())
+    # retention (issue 23): queue -> partition -> rows retained away (the start offset: offsets
+    # [0, start) were removed on purpose), for every partition whose start is above 0
+    retained_below: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    # what the audit could only check structurally because rows are retained away:
+    # input_ranges_below_start (delivered steps' input ranges reaching below the start: their
+    # offsets are checked, their rows are gone), output_steps_committed (steps whose output rows
+    # are below the start, their commit proven by its record or app transaction),
+    # output_steps_by_order (the same, checked by step order and row count only)
+    retained_steps: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -169,6 +178,21 @@ class AuditReport:
             lines.append(
                 "queues not checked for hashes (no exactly-once writer): "
                 + ", ".join(self.queues_not_checked)
+            )
+        if self.retained_below:
+            lines.append(
+                "retained away (offsets below the start offset, removed by retention, not lost): "
+                + ", ".join(f"{q}/{p} [0, {n})" for q, parts in sorted(self.retained_below.items())
+                            for p, n in sorted(parts.items()))
+            )
+            lines.append(
+                "checked only structurally (their rows are retained away): "
+                f"{self.retained_steps.get('input_ranges_below_start', 0)} input range(s) of "
+                "delivered steps (offsets checked, rows gone), "
+                f"{self.retained_steps.get('output_steps_committed', 0)} step(s) whose output rows "
+                "are gone (commit proven), "
+                f"{self.retained_steps.get('output_steps_by_order', 0)} (by step order and row "
+                "count only)"
             )
         for note in self.notes:
             lines.append(f"note: {note}")
@@ -194,6 +218,8 @@ class AuditReport:
             "queues_checked": list(self.queues_checked),
             "queues_not_checked": list(self.queues_not_checked),
             "notes": list(self.notes),
+            "retained_below": {q: dict(parts) for q, parts in self.retained_below.items()},
+            "retained_steps": dict(self.retained_steps),
         }
 
     def to_json(self, *, indent: int | None = 2) -> str:

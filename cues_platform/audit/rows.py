@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cues_platform.audit.retained import starts_of
 from cues_platform.processing.outputs import proc_app_id
 from cues_platform.queues import Queue
 from cues_platform.queues.schema import DELIVERY_HASH, MESSAGE_TYPE, OFFSET, PARTITION
@@ -41,6 +42,7 @@ class QueueRows:
     unhashed: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # partition -> runs
     readable: bool = True  # False: step 5 reported the table; its rows are not checked
     hashes: frozenset[str] = frozenset()
+    starts: dict[str, int] = field(default_factory=dict)  # partition -> start offset (retention)
 
     def __post_init__(self) -> None:
         self.hashes = frozenset(h for _, h in self.runs)
@@ -111,5 +113,6 @@ def read_queue_rows(name: str, queue: Queue | None, processors: Iterable[str]) -
     table = dt.to_pyarrow_dataset().to_table(columns=columns)
     versions = {p: dt.transaction_version(proc_app_id(p)) for p in processors}
     return QueueRows(
-        name, True, hash_runs(table, with_processor), versions, unhashed=unhashed_runs(table)
+        name, True, hash_runs(table, with_processor), versions, unhashed=unhashed_runs(table),
+        starts=starts_of(queue, dt),  # the same snapshot as the rows
     )

@@ -21,11 +21,13 @@ class Steps:
     violations: list[Violation]
 
 
-def arrange(processor: str, records: list[Record]) -> Steps:
+def arrange(processor: str, records: list[Record], *, first_step: int = 0) -> Steps:
+    """``first_step``: the step the history starts at (0; later when the backing queue's first
+    records were retained away)."""
     attempts: dict[int, Record] = {}
     bad: list[Violation] = []
     open_snapshot: Record | None = None
-    next_step = 0
+    next_step = first_step
     for rec in records:
         if rec.type is RecordType.SNAPSHOT:
             if open_snapshot is not None and open_snapshot.hash == rec.hash:

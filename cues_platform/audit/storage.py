@@ -23,6 +23,7 @@ from pyarrow import fs
 
 from cues_platform.audit.errors import UnreadableTableError, UnwritableTableError
 from cues_platform.audit.report import CORRUPT_LOG, OUTSIDE_LAKE, UNREADABLE, Violation
+from cues_platform.audit.retained import density_violations
 from cues_platform.queues import Lake, Queue
 from cues_platform.queues.confine import PathOutsideLakeError, confine, is_inside
 from cues_platform.queues.errors import (
@@ -36,7 +37,6 @@ from cues_platform.queues.integrity import (
     TableStorage,
     diagnose_unloadable,
     find_checkpoint_damage,
-    find_inconsistencies,
 )
 from cues_platform.queues.names import join_uri
 
@@ -153,12 +153,10 @@ def check_table(
     try:
         # Step 5a: the commit files the snapshot is made of (after its checkpoint) are whole.
         problems += [bad(CORRUPT_LOG, m, file=f) for m, f in _commit_problems(table, uri, dt, lake.options)]
-        # Step 5b: the log's next offsets agree with the files' statistics.
-        problems += [
-            bad(CORRUPT_LOG, f"{i.detail}", partition=i.partition)
-            for i in find_inconsistencies(table, dt, queue.partitions)
-            if i.kind in ("rows", "offsets")  # damaged commits and lost files: 5a and 5c name them
-        ]
+        # Step 5b: each partition holds exactly the offsets [start, next): its start offset
+        # (retention, ``start:{p}``) and the log's next offset (``part:{p}``) agree with the
+        # files (``retained.density_violations``; integrity's own statistics check counts from
+        # 0 and is not used: rows retained away are not lost).
         # Step 5d: every data file the log names is inside the table's folder (a forged add
         # action naming /tmp/evil.parquet, an absolute path, a '..', a symlink out of the lake).
         problems += [bad(OUTSIDE_LAKE, m, file=f) for m, f in _files_outside(table, uri, dt)]
@@ -167,6 +165,13 @@ def check_table(
         if missing:  # a maintenance commit may have replaced them since: ask the newest snapshot
             missing = _missing_files(table, uri, queue.refresh(), lake.options)
         problems += [bad(UNREADABLE, m, file=f) for m, f in missing]
+        # (5b, last: a partition is read to name its missing offsets only when every file of
+        # the table is there and inside it; otherwise the statistics alone.)
+        problems += [
+            Violation(v.kind, v.message, processor=processor, queue=table, partition=v.partition,
+                      offsets=v.offsets)
+            for v in density_violations(table, queue, dt, read=not problems)
+        ]
     except STORAGE_ERRORS as exc:
         problems.append(unreadable_violation(exc, table=table, uri=uri, processor=processor))
     return queue, problems, []
