@@ -32,7 +32,9 @@ Time (issue 23 item 5, "one clock"). Both age rules here read the platform's clo
   however far ahead costs time travel to old versions, never a row. delta-rs'
   ``cleanup_metadata`` is not used: it judges by the real clock and keeps entries only down to
   the newest checkpoint. The one other thing entries below a checkpoint hold, the step records of
-  a processor's home queue, is never trimmed by age (see :func:`trim_expired_log`).
+  a processor's home queue, is judged by the *earlier* of the platform's and the real clock: a
+  clock ahead never expires a step record that is not yet in a digest (``cues queue maintain``
+  digests a home first; see :func:`trim_expired_log`).
 """
 
 from __future__ import annotations
@@ -211,15 +213,16 @@ def checkpoint(queue: Queue) -> MaintenanceReport:
     dt.create_checkpoint()
     retention_ms = log_retention_ms(queue.name, dt.metadata().configuration)
     removed = trim_expired_log(TableStorage(queue.uri, queue.lake.options),
-                               retention_ms=retention_ms, now_ms=clock.now_ms())
+                               retention_ms=retention_ms, now_ms=clock.now_ms(),
+                               real_now_ms=time.time_ns() // 1_000_000)
     return MaintenanceReport(queue.name, checkpoint_version=dt.version(),
                              log_entries_removed=removed)
 
 
 LOG_RETENTION_PROPERTY = "delta.logRetentionDuration"
 DEFAULT_LOG_RETENTION_MS = 30 * 24 * 3_600_000  # Delta's default: 30 days
-# A commit holding a processor step's record (processing/home.py's STEP_RECORD_KEY): it leaves the
-# log only through home.trim_home_log, below what the home's digests hold, never by age.
+# A commit holding a processor step's record (processing/home.py's STEP_RECORD_KEY): by age it
+# expires only by the earlier of the platform's and the real clock (trim_expired_log).
 STEP_RECORD_COMMIT_KEY = "cues.step_record"
 _INTERVAL_UNITS_MS = {
     "nanosecond": 1e-6, "microsecond": 1e-3, "millisecond": 1, "second": 1_000,
@@ -259,24 +262,32 @@ def _commit_info(entry: bytes) -> dict | None:
     return None
 
 
-def trim_expired_log(storage: TableStorage, *, retention_ms: int, now_ms: int) -> int:
+def trim_expired_log(storage: TableStorage, *, retention_ms: int, now_ms: int,
+                     real_now_ms: int) -> int:
     """Delete the log entries (commits, checkpoints, checksums) of the versions below the
     second-newest checkpoint whose commit is older than ``retention_ms`` at ``now_ms`` (the
     platform's clock); returns how many files went.
 
     Versions go oldest first and the trim stops at the first one it may not delete, so the log
     never has a hole and a crash in the middle leaves a log that loads. It stops at a commit that
-    is younger than the retention, that it cannot read a ``commitInfo.timestamp`` from (the
-    integrity check reports such a commit; nothing is judged on a guess), or that holds a
-    processor step's record (:data:`STEP_RECORD_COMMIT_KEY`: those go only below a digest,
-    ``processing/home.py``). Everything below the second-newest checkpoint is held by that
-    checkpoint's state, so no row is ever lost, whatever the clock says: only time travel to the
-    versions deleted, and a reader that chose the previous checkpoint still finds its entries."""
+    is younger than the retention, or that it cannot read a ``commitInfo.timestamp`` from (the
+    integrity check reports such a commit; nothing is judged on a guess). Everything below the
+    second-newest checkpoint is held by that checkpoint's state, so no row is ever lost, whatever
+    the clock says: only time travel to the versions deleted, and a reader that chose the
+    previous checkpoint still finds its entries.
+
+    The exception is a commit holding a processor step's record (:data:`STEP_RECORD_COMMIT_KEY`),
+    which the auditor reads until a digest holds it (``processing/history.py``): it must be older
+    than the retention at ``min(now_ms, real_now_ms)``, so a platform clock ahead of real time
+    (a skew, the fault harness's time nemesis) never expires one early; ``cues queue maintain``
+    digests a home before this trim, and the stepper trims its home by count below its digests
+    (``home.trim_home_log``)."""
     names = [n for n in storage.log_entries() if n[:20].isdigit()]
     checkpoints = sorted({int(n[:20]) for n in names if ".checkpoint." in n})
     if len(checkpoints) < 2:
         return 0
     cut, horizon = checkpoints[-2], now_ms - retention_ms
+    step_horizon = min(now_ms, real_now_ms) - retention_ms
     versions: dict[int, list[str]] = {}
     for name in names:
         if int(name[:20]) < cut:
@@ -288,7 +299,9 @@ def trim_expired_log(storage: TableStorage, *, retention_ms: int, now_ms: int) -
         if entry is not None:
             info = _commit_info(entry)
             stamp = info.get("timestamp") if info is not None else None
-            if not isinstance(stamp, int) or stamp > horizon or STEP_RECORD_COMMIT_KEY in info:
+            if not isinstance(stamp, int) or stamp > horizon:
+                break
+            if STEP_RECORD_COMMIT_KEY in info and stamp > step_horizon:
                 break
         # the commit entry last: a crash before it leaves the version to be judged again
         doomed = sorted(versions[version], key=lambda n: n == commit)

@@ -118,9 +118,11 @@ def test_the_log_retention_is_judged_by_the_platform_clock(make_queue, ahead_s, 
     assert _commits(q)[0] == (_checkpoints(q)[-2] if trimmed else before[0])
 
 
-def test_the_age_trim_never_deletes_a_processor_step_record(make_queue) -> None:
-    """A home queue's step commits leave the log only below a digest (processing/home.py), never
-    by age: the trim stops at the first one, however far ahead the clock is."""
+def test_a_clock_ahead_never_expires_a_processor_step_record(make_queue) -> None:
+    """A home queue's step commit is read by the auditor until a digest holds it: a clock a year
+    ahead trims up to it and stops; it goes by age only once it is older than the retention by
+    the real clock too (here: a retention of 0 hours), as ``cues queue maintain`` expects after
+    digesting the home."""
     from cues_platform.processing.home import STEP_RECORD_KEY
 
     assert STEP_RECORD_COMMIT_KEY == STEP_RECORD_KEY
@@ -132,6 +134,10 @@ def test_the_age_trim_never_deletes_a_processor_step_record(make_queue) -> None:
     clock.advance(seconds=YEAR_S)
     assert checkpoint(q).log_entries_removed > 0
     assert _commits(q)[0] == step_version < _checkpoints(q)[-2]
+    clock.reset()
+    q.refresh().alter.set_table_properties({"delta.logRetentionDuration": "interval 0 hours"})
+    checkpoint(q)
+    assert _commits(q)[0] == _checkpoints(q)[-2] > step_version
 
 
 def _commit_info(q, version: int) -> dict:
