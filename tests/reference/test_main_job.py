@@ -150,3 +150,46 @@ def test_settlement_report_partition_rerun_never_doubles(main_job, tmp_path: Pat
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert _report_rows(lake, first) == once
     assert DeltaTable(f"{lake.root}/assets/settlement_report").to_pyarrow_table().num_rows == table.num_rows
+
+
+def test_retention_on_the_reference_lake_keeps_every_reader_working(main_job, spark: Any,
+                                                                    tmp_path: Path) -> None:
+    """Retention of 0 ms on every queue the processors read (not `results`: the settlement report
+    reads it whole, and `accounts`/`malformed`/`errors`, read whole by the job) removes exactly
+    what every lane has read; then processing again changes nothing (the ledger neither), the
+    audit holds, and a settlement report day re-materialized is the same. Runs last: it moves the
+    module lake's start offsets."""
+    from dagster import DagsterInstance
+
+    from cues_platform.processing.retention import maintain_queue
+    from cues_platform.queues.retention import set_policy
+    from cues_platform.reference.job import process
+
+    summary, lake, db, _ = main_job
+    graph = payments_graph(batch_size=1_000)
+    first = summary.traffic.days[0].isoformat()
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    with DagsterInstance.local_temp(str(home)) as instance:
+        assert _materialize(lake, db, first, instance).success
+    report_before = _report_rows(lake, first)
+    retained = ["postings", "instructions", "parsed", "fx_rates", "priced", "ledger_entries"]
+    ends = {q: lake.queue(q).end_offsets() for q in graph.queues}
+    for name in retained:
+        set_policy(lake.queue(name), ms=0, bytes=None)
+    for name in graph.queues:
+        maintain_queue(lake.queue(name), retention_hours=1.0)
+    starts = {q: lake.queue(q).start_offsets() for q in graph.queues}
+    # every lane had read everything: the retained queues start at their ends, the others at 0
+    assert {q: s for q, s in starts.items() if q in retained} == {q: ends[q] for q in retained}
+    assert all(set(starts[q].values()) == {0} for q in graph.queues if q not in retained)
+    ledger_before = totals(db)
+    stats = process(graph, lake, spark=spark, ledger=db)
+    assert sum(s.steps - s.recovered for s in stats.values()) == 0
+    assert {q: lake.queue(q).end_offsets() for q in graph.queues} == ends
+    assert totals(db) == ledger_before  # (reconcile() reads postings whole: not after retention)
+    report = audit(lake, graph=graph)
+    assert report.ok, report.to_text()
+    with DagsterInstance.local_temp(str(home)) as instance:
+        assert _materialize(lake, db, first, instance).success
+    assert _report_rows(lake, first) == report_before
