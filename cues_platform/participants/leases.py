@@ -14,7 +14,23 @@ Every protocol write done under a lease checks ``owner``/``epoch`` in the same t
 writes refused with :class:`LeaseLostError`. An instance that dies (SIGKILL) simply stops renewing:
 its leases expire after ``ttl`` and live instances claim them. A producer instance may hold
 several slot leases (:class:`LeaseKeeper` multi mode, fair share by :func:`plan`), so the slots of
-instances that are gone for good are served by the ones left. Times are the DB server's clock.
+instances that are gone for good are served by the ones left.
+
+One clock (issue 23 item 5): every lease time (``lease_until``, ``alive_until``, their expiry
+checks) is the PostgreSQL server's ``now()``, never an instance's clock, not even the platform's
+``cues_platform.clock.now_ms()`` that the lake's age rules read. A lease is mutual exclusion
+between processes on different machines: judged by each claimer's own clock, one running ahead
+(a skewed machine, the fault harness's time nemesis) would see a live, renewed lease as expired
+and take it while its holder still acts, and one running behind would keep renewing a lease the
+others consider gone. The database's clock is one clock that every instance of a participant
+shares, read in the same transaction that claims, renews or checks (:func:`check_lease`), so a
+lease's validity never depends on which machine asks: an instance whose clock is a year ahead
+cannot take a lease another instance holds and renews
+(``tests/participants/test_lease_clock.py``). A jump of the database server's own clock moves
+every lease at once: forward, leases expire early and the epoch check in every protocol write
+(:func:`check_lease`) still refuses the old holder's writes; backward, a dead holder's leases are
+taken over later. The other ``now()`` rules of the participants (``publications.retry_at``,
+``replay.py``'s replay horizon, audit stamps) use the same database clock.
 """
 
 from __future__ import annotations
