@@ -41,6 +41,13 @@ fine). The checks (violation kinds in brackets), one module each:
    ([platform_error]: its ``exception_type`` is Delta's, the file system's, Py4J/Spark's or
    cues_platform's own, so the step's input never reached its outputs).
 
+Retention (:mod:`.retained`): a partition's start offset (``start:{partition}``) says which
+rows were removed on purpose. Every partition holds exactly ``[start, next)`` (step 5, else
+[corrupt_log] naming the offsets); rows below the start are retained-away, never a gap or lost
+output; a step whose output rows are below the start is delivered when its commit is proven or
+its order and the start's row count allow it, and the report counts what was only checked
+structurally (``AuditReport.retained_below``, ``retained_steps``).
+
 Reading is ordered so that a lake being written while it is audited gives no false alarm: the
 backing queues are read first, then the queues; hashes of attempts appended in between are
 recognized (from a second read of the backing tails) but their steps are left to the next audit.

@@ -21,7 +21,7 @@ from cues_platform.audit import AuditReport, audit
 from cues_platform.processing import BackingQueue, Range, Record, RecordType
 from cues_platform.processing.backing import Snapshot
 from cues_platform.processing.home import commit_step, fence_home
-from cues_platform.queues import Lake
+from cues_platform.queues import Lake, Queue
 from cues_platform.queues.retention import RETENTION_METADATA_KEY, delete_below
 from tests.audit.lakes import attempts, only
 
@@ -181,6 +181,10 @@ class History:
     def retain(self, queue: str, cut: int) -> None:
         delete_below(self.lake.queue(queue), {"0": cut})
 
+    @staticmethod
+    def retain_queue(queue: Queue, cut: int) -> None:
+        delete_below(queue, {"0": cut})
+
     def audit(self) -> AuditReport:
         return audit(self.lake)
 
@@ -285,3 +289,26 @@ def test_a_last_attempt_not_yet_committed_is_pending_not_retained(h: History) ->
     assert report.ok, report.to_text()
     assert report.processors["p"].pending_step == 1
     assert report.retained_steps["output_steps_committed"] == 1
+
+
+def test_a_backing_queue_retained_from_its_start_is_audited_from_its_first_record(
+        h: History) -> None:
+    """Retention does not apply to backing queues today; if it ever removed a backing queue's
+    first records, the audit reads it from its start and says what it did not check."""
+    snap = h._snapshot("p", 0, 10)  # step 0: a backing attempt (nil), closed by its home commit
+    BackingQueue(h.lake, "p").append(Record(RecordType.ATTEMPT_NIL, snap, h.epochs["p"], {}))
+    commit_step(h.lake.queue("out"), snap, {}, epoch=h.epochs["p"],
+                outcome=RecordType.ATTEMPT_NIL, rows={}, is_record=False)
+    h.step("p", 10, 20, rows=5)
+    h.step("p", 20, 30, rows=5)
+    assert h.audit().ok
+    backing = h.lake.queue("p", uri=h.lake.system_uri("backing", "p"))
+    h.retain_queue(backing, backing.next_offset("0"))
+    report = h.audit()
+    assert report.ok, report.to_text()
+    assert report.retained_below == {"backing/p": {"0": backing.next_offset("0")}}
+    assert report.processors["p"].steps_delivered == 2
+    assert any("audited from step 1" in n for n in report.notes)
+    h.step("p", 35, 40)  # a gap above the first remaining step is still a gap
+    (v,) = only(h.audit(), "gap")
+    assert v.offsets == (30, 35)
