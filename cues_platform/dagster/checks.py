@@ -12,6 +12,14 @@ Blocking (a failure stops downstream assets in the run):
   with their payload in that step, so the check fails only on what a step delivered against the
   contract (a contract changed since, a bug), and never on older rows: the next materialization
   is judged on its own rows.
+
+Rows removed by retention. A check run again after the queue's retention removed some of the
+rows it judges (offsets below the partition's start offset, which every registered reader had
+read) judges the rows still there and never claims the others: it fails with severity WARN
+(not blocking, never green), ``rows_checked`` counting what it read and ``retained_away``
+(``{partition: [start, end)}``) what it could not re-check, unless the rows it could read fail at
+severity ERROR as always. The evaluation made with the materialization, when those rows were
+there, stays in the asset's check history.
 - ``exactly_once``: ``cues_platform.audit.audit(lake)``; fails on any violation in this queue or
   of this processor (gaps, overlaps, rows delivered twice, unknown hashes, ...) except rows
   written outside the protocol, which the next check reports.
@@ -52,7 +60,7 @@ from cues_platform.dagster.materialize import ARRIVED_RANGES, WRITTEN_RANGES, la
 from cues_platform.dagster.resources import spark_session_of
 from cues_platform.processing.contracts import contract_kind
 from cues_platform.processing.graph import Graph, Processor
-from cues_platform.queues import Lake
+from cues_platform.queues import Lake, OffsetOutOfRangeError
 from cues_platform.queues.schema import DELIVERY_HASH, OFFSET, RESERVED
 
 MAX_LISTED = 20
@@ -60,6 +68,10 @@ CONTRACT = "contract"
 EXACTLY_ONCE = "exactly_once"
 OUTSIDE_PROTOCOL = "outside_protocol"
 PLATFORM_ERRORS = "no_platform_errors"
+RETAINED_AWAY = "retained_away"
+# a read that retention overtook (a start offset moved between computing the readable ranges and
+# reading them) is planned again on the new start offsets; each retry means a start moved forward
+RETENTION_RACE_RETRIES = 5
 
 
 # -- contracts ------------------------------------------------------------------------------------
@@ -92,6 +104,44 @@ def rows_at(lake: Lake, queue_name: str, ranges: Mapping[str, Sequence[int]], sp
     if protocol_only:
         df = df.where(F.col(DELIVERY_HASH).isNotNull())
     return df.select(*payload)
+
+
+def split_at_start(lake: Lake, queue_name: str, ranges: Mapping[str, Sequence[int]]
+                   ) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+    """``ranges`` split at each partition's start offset: (what is still in the queue, what its
+    retention removed), both ``{partition: [start, end)}`` without empty ranges."""
+    starts = lake.queue(queue_name).start_offsets()
+    readable: dict[str, list[int]] = {}
+    removed: dict[str, list[int]] = {}
+    for part, (lo, hi) in ranges.items():
+        first = starts.get(str(part), 0)
+        if max(int(lo), first) < int(hi):
+            readable[str(part)] = [max(int(lo), first), int(hi)]
+        if int(lo) < min(int(hi), first):
+            removed[str(part)] = [int(lo), min(int(hi), first)]
+    return readable, removed
+
+
+def above_start(lake: Lake, queue_name: str, ranges: Mapping[str, Sequence[int]],
+                judge: Any) -> tuple[Any, dict[str, list[int]]]:
+    """``judge(readable ranges)`` on the part of ``ranges`` still in the queue; returns its result
+    and the ranges retention removed. A read overtaken by retention is judged again on the new
+    start offsets (at most :data:`RETENTION_RACE_RETRIES` times, then the error is raised)."""
+    for _ in range(RETENTION_RACE_RETRIES - 1):
+        readable, removed = split_at_start(lake, queue_name, ranges)
+        try:
+            return judge(readable), removed
+        except OffsetOutOfRangeError:
+            continue  # a start offset moved while judging: split again
+    readable, removed = split_at_start(lake, queue_name, ranges)
+    return judge(readable), removed
+
+
+def retained_away_note(removed: Mapping[str, Sequence[int]]) -> str:
+    shown = ", ".join(f"{p}: [{lo}, {hi})" for p, (lo, hi) in sorted(removed.items()))
+    return (f"not re-checkable: the rows at offsets {shown} were removed by the queue's retention "
+            "after every registered reader had read them; the evaluation made with the "
+            "materialization judged them (the check's history), the rows still here were judged now")
 
 
 class RangesNotRecorded(LookupError):
@@ -276,14 +326,28 @@ def _contract_result(context: AssetCheckExecutionContext, key: AssetKey, lake: L
                         else "the latest materialization wrote no row")
         return AssetCheckResult(asset_key=key, check_name=CONTRACT, passed=True,
                                 severity=AssetCheckSeverity.ERROR, metadata=meta)
-    rows = rows_at(lake, q, ranges, _spark_for(context, contract), protocol_only=True)
-    passed, failures = validate_contract(contract, rows)
-    meta["rows_checked"] = rows.num_rows if hasattr(rows, "num_rows") else rows.count()
+    spark = _spark_for(context, contract)
+
+    def judge(readable: dict[str, list[int]]) -> tuple[bool, list[dict[str, Any]], int]:
+        if not readable:
+            return True, [], 0
+        rows = rows_at(lake, q, readable, spark, protocol_only=True)
+        passed, failures = validate_contract(contract, rows)
+        return passed, failures, rows.num_rows if hasattr(rows, "num_rows") else rows.count()
+
+    (passed, failures, checked), removed = above_start(lake, q, ranges, judge)
+    meta["rows_checked"] = checked
     meta.update({k: v for k, v in failure_counts(failures).items() if v is not None})
     meta["failed_checks"] = sorted({f"{f.get('column')}: {f.get('check')}" for f in failures})
     meta["details"] = json.dumps(failures[:MAX_LISTED], default=str)
+    severity = AssetCheckSeverity.ERROR
+    if removed:
+        meta[RETAINED_AWAY] = removed
+        meta["note"] = retained_away_note(removed)
+        if passed:  # what could be read passes; the rest was not judged now: not green
+            passed, severity = False, AssetCheckSeverity.WARN
     return AssetCheckResult(asset_key=key, check_name=CONTRACT, passed=passed,
-                            severity=AssetCheckSeverity.ERROR, metadata=meta)
+                            severity=severity, metadata=meta)
 
 
 def _outside_protocol_result(context: AssetCheckExecutionContext, key: AssetKey, lake: Lake, q: str,
@@ -294,26 +358,38 @@ def _outside_protocol_result(context: AssetCheckExecutionContext, key: AssetKey,
     try:
         ranges = latest_ranges(context, key, ARRIVED_RANGES) or {}
     except RangesNotRecorded:  # an older version's materialization: look at the whole queue
-        ranges = {p: [0, end] for p, end in lake.queue(q).end_offsets().items()}
-    runs = runs_without_hash(lake, q, ranges)
-    total = sum(hi - lo for spans in runs.values() for lo, hi in spans)
-    everywhere = [v for v in report.violations if v.kind == NO_DELIVERY_HASH and v.queue == q and v.offsets]
-    meta: dict[str, Any] = {"queue": q, "looked_at": ranges, "rows": total, "offsets": runs,
-                            "rows_in_queue": sum(v.offsets[1] - v.offsets[0] for v in everywhere)}
-    if total and contract is not None:
-        spark = _spark_for(context, contract)
+        queue = lake.queue(q)
+        starts = queue.start_offsets()  # from the first row still there
+        ranges = {p: [starts[p], end] for p, end in queue.end_offsets().items()}
+    spark = _spark_for(context, contract) if contract is not None else None
+
+    def judge(readable: dict[str, list[int]]) -> tuple[dict[str, list[list[int]]], int | None]:
+        runs = runs_without_hash(lake, q, readable)
+        if not runs or contract is None:
+            return runs, None
         breaking = 0
         for part, spans in runs.items():
             for span in spans:
                 ok, failures = validate_contract(contract, rows_at(lake, q, {part: span}, spark, protocol_only=False))
                 counted = failure_counts(failures)["failing_rows"] if not ok else 0
                 breaking += counted if counted is not None else span[1] - span[0]
+        return runs, breaking
+
+    (runs, breaking), removed = above_start(lake, q, ranges, judge)
+    total = sum(hi - lo for spans in runs.values() for lo, hi in spans)
+    everywhere = [v for v in report.violations if v.kind == NO_DELIVERY_HASH and v.queue == q and v.offsets]
+    meta: dict[str, Any] = {"queue": q, "looked_at": ranges, "rows": total, "offsets": runs,
+                            "rows_in_queue": sum(v.offsets[1] - v.offsets[0] for v in everywhere)}
+    if breaking is not None:
         meta["rows_breaking_the_contract"] = breaking
     if total:
         meta["what_to_do"] = ("these rows were appended without a delivery hash (not by a processor step) "
                               "and downstream processors read them like any row; see docs/dagster.md, "
                               "'From a red check to a green pipeline'")
-    return AssetCheckResult(asset_key=key, check_name=OUTSIDE_PROTOCOL, passed=total == 0,
+    if removed:  # those rows were not looked at now: never green on them
+        meta[RETAINED_AWAY] = removed
+        meta["note"] = retained_away_note(removed)
+    return AssetCheckResult(asset_key=key, check_name=OUTSIDE_PROTOCOL, passed=total == 0 and not removed,
                             severity=AssetCheckSeverity.WARN, metadata=meta)
 
 
