@@ -48,6 +48,7 @@ Checks (each PASS/FAIL with examples):
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -74,12 +75,15 @@ class Expectation:
     partition_of: Mapping[str, str]  # every planned key (aborted ones too) -> its partition
     is_rejected: Callable[[str], bool] = w.is_rejected
     redeploys: tuple[dict, ...] = ()  # the redeploy nemesis's records (workload.REDEPLOY_LOG)
+    time_records: tuple[dict, ...] = ()  # the time nemesis's records (workload.TIME_LOG)
+    run_dir: Path | None = None  # the runners' logs (the time nemesis's timing check reads them)
 
     @classmethod
     def from_run(cls, plan: w.Plan, run_dir: str | Path) -> Expectation:
         return cls(acked=frozenset(w.acked_keys(plan, run_dir)), aborted_keys=plan.aborted_keys,
                    known_keys=plan.all_keys, partition_of=plan.partition_of,
-                   redeploys=tuple(w.read_redeploys(run_dir)))
+                   redeploys=tuple(w.read_redeploys(run_dir)),
+                   time_records=tuple(w.read_time_log(run_dir)), run_dir=Path(run_dir))
 
 
 @dataclass
@@ -131,13 +135,96 @@ def _open(path: Path) -> DeltaTable | None:
     return DeltaTable(str(path)) if _is_table(path) else None
 
 
+RETENTION_METADATA = "cues.retention"  # a retention delete's commit metadata: {partition: [old, new]}
+
+
 def _read(path: Path, columns: list[str] | None = None) -> pa.Table | None:
+    """Every row the table ever held: the current snapshot's rows plus, for each retention delete
+    (a commit whose metadata ``cues.retention`` says partition p's start moved from a to b),
+    the rows ``[a, b)`` of p read from the version just before it (their files stay on disk
+    until vacuum's retention, 24 h real, passes). So every check sees the whole history; the
+    time nemesis's ``retention`` check says what was removed."""
     dt = _open(path)
     if dt is None:
         return None
     names = set(pa.schema(dt.schema()).names)
     wanted = None if columns is None else [c for c in columns if c in names]
-    return dt.to_pyarrow_table(columns=wanted)
+    current = dt.to_pyarrow_table(columns=wanted)
+    removed = retained_away_rows(path, dt, wanted)
+    return current if removed is None else pa.concat_tables([removed, current])
+
+
+def retention_moves(dt: DeltaTable) -> list[tuple[int, str, int, int]]:
+    """(version, partition, old start, new start) of every retention delete in the log."""
+    out = []
+    for commit in dt.history():
+        moved = commit.get(RETENTION_METADATA)
+        if moved:
+            for part, (old, new) in json.loads(moved).items():
+                out.append((int(commit["version"]), part, int(old), int(new)))
+    return sorted(out)
+
+
+def retained_away_rows(path: Path, dt: DeltaTable, columns: list[str] | None) -> pa.Table | None:
+    import pyarrow.compute as pc
+
+    moves = retention_moves(dt)
+    if not moves:
+        return None
+    extra = [c for c in ("_partition", "_offset") if columns is not None and c not in columns]
+    pieces = []
+    for version, part, old, new in moves:
+        before = DeltaTable(str(path), version=version - 1)
+        table = before.to_pyarrow_table(columns=None if columns is None else [*columns, *extra])
+        keep = pc.and_(pc.equal(table["_partition"], part),
+                       pc.and_(pc.greater_equal(table["_offset"], old), pc.less(table["_offset"], new)))
+        table = table.filter(keep)
+        pieces.append(table.drop_columns(extra) if extra else table)
+    return pa.concat_tables(pieces)
+
+
+def footprint(path: Path) -> dict:
+    """What a queue costs on disk: live bytes (files the current snapshot references), removed
+    bytes (Parquet files on disk that it does not: compacted or retained away, waiting for
+    vacuum's real-time retention, or an append's files not committed yet), ``_delta_log``
+    entries (commits in all; since the newest checkpoint) and the newest checkpoint's bytes."""
+    from urllib.parse import unquote
+
+    dt = DeltaTable(str(path))
+    adds = dt.get_add_actions(flatten=True)
+    live_paths = {unquote(p) for p in adds["path"].to_pylist()}
+    live = sum(adds["size_bytes"].to_pylist())
+    removed = removed_files = 0
+    for folder, dirs, files in os.walk(path):
+        if "_delta_log" in dirs:
+            dirs.remove("_delta_log")
+        for name in files:
+            if name.endswith(".parquet"):
+                rel = os.path.relpath(os.path.join(folder, name), path)
+                if rel not in live_paths:
+                    removed += os.path.getsize(os.path.join(folder, name))
+                    removed_files += 1
+    log = path / "_delta_log"
+    names = os.listdir(log)
+    commits = [int(n[:20]) for n in names if n.endswith(".json") and n[:20].isdigit()]
+    checkpoints = [n for n in names if ".checkpoint." in n and n.endswith(".parquet")]
+    cp_version = max((int(n[:20]) for n in checkpoints), default=-1)
+    cp_bytes = sum(os.path.getsize(log / n) for n in checkpoints if int(n[:20]) == cp_version)
+    return {"version": dt.version(), "live_bytes": live, "live_files": adds.num_rows,
+            "removed_bytes": removed, "removed_files": removed_files, "log_entries": len(commits),
+            "entries_since_checkpoint": sum(v > cp_version for v in commits),
+            "checkpoint_version": cp_version, "checkpoint_bytes": cp_bytes,
+            "checkpoint_app_transactions": sum(
+                _checkpoint_txns(log / n) for n in checkpoints if int(n[:20]) == cp_version)}
+
+
+def _checkpoint_txns(file: Path) -> int:
+    """App transactions (``txn`` actions) a checkpoint file holds: every snapshot load reads them."""
+    import pyarrow.parquet as pq
+
+    if "txn" not in pq.read_schema(file).names:
+        return 0
+    return pq.read_table(file, columns=["txn"])["txn"].is_valid().to_pylist().count(True)
 
 
 def _tables_under(folder: Path) -> list[Path]:
@@ -295,6 +382,12 @@ def _registry_versions(path: Path) -> list[tuple[int, pa.Table]]:
 def _shape_problem(row: dict) -> str | None:
     """Why a registry row is no shape of a compatible version (None: it is one)."""
     lane, graphs = row["processor"], {v.graph_name for v in w.COMPATIBLE}
+    if lane in w.MONTHLY_LANES and row["graph"] == w.MONTHLY_GRAPH:  # the time nemesis's lane
+        reads = {(q, p) for _, q, p in json.loads(row["inputs"])}
+        part = w.lane_partition(lane)
+        if row["home"] != w.MONTHLY_OUT or reads != {(w.ENRICHED, part)} or row["strategy"] != "exactly_once":
+            return f"monthly lane: home {row['home']!r}, reads {sorted(reads)}, {row['strategy']}"
+        return None
     if row["graph"] not in graphs:
         return f"recorded by graph {row['graph']!r}, which is not a compatible version"
     if lane not in w.LANES:
@@ -342,7 +435,7 @@ def check_redeploy(root: Path, expectation: Expectation) -> CheckResult:
     backing = root / "_cues" / "backing"
     for folder in sorted(backing.iterdir()) if backing.is_dir() else []:
         result.checked += 1
-        if folder.name not in w.LANES:
+        if folder.name not in w.LANES and folder.name not in w.MONTHLY_LANES:
             result.fail(f"backing queue {folder.name!r}: a processor id no compatible version has "
                         f"(something ran under an incompatible version)")
     stray = _read(_key_queue(root, w.ENRICHED_V2), ["key"])
@@ -465,6 +558,10 @@ def check_lake(root: str | Path, expectation: Expectation) -> CheckReport:
     lanes = check_lanes(root, expectation, sink, error_rows)
     checks = [check_dense_offsets(root), rc, ack, once, err, sink_check, lanes,
               check_redeploy(root, expectation)]
+    if expectation.time_records:
+        from cues_platform.jepsen.timecheck import check_time
+
+        checks += check_time(root, expectation, downstream[w.ENRICHED], counts)
     return CheckReport(checks=checks, counts=counts)
 
 

@@ -33,9 +33,13 @@ from cues_platform.audit.exit import exit_with
 @click.option("--min-redeploys", type=int, default=0, show_default=True,
               help="With --redeploy: go on past --duration until this many compatible redeploys and "
                    "incompatible attempts (at most 180 s more).")
+@click.option("--time", "time_", is_flag=True,
+              help="The time nemesis: the platform clock runs a year in --duration seconds while "
+                   "retention, a monthly lane, lagging and expendable tailers, short-lived producers, "
+                   "dead transactions and maintenance at default settings run (docs/jepsen.md).")
 def jepsen(seed: int | None, duration: float, keys: int, workdir: Path | None, lost_ack_rate: float,
            no_concurrent: bool, no_maintenance: bool, min_kills: int, resend_in_txn: bool,
-           redeploy: bool, min_redeploys: int) -> None:
+           redeploy: bool, min_redeploys: int, time_: bool) -> None:
     """Jepsen-style harness: `cues run` of a 5-processor graph (two partitions per queue, two lanes
     per processor) under SIGKILL/SIGTERM, killed
     feeders, lost acks, concurrent runners and racing maintenance; an independent checker reads the
@@ -47,7 +51,8 @@ def jepsen(seed: int | None, duration: float, keys: int, workdir: Path | None, l
     config = HarnessConfig(seed=seed, workdir=workdir, duration=duration, keys=keys,
                            lost_ack_rate=lost_ack_rate, concurrent=not no_concurrent,
                            maintenance=not no_maintenance, resend_in_txn=resend_in_txn,
-                           min_kills=min_kills, redeploy=redeploy, min_redeploys=min_redeploys)
+                           min_kills=min_kills, redeploy=redeploy, min_redeploys=min_redeploys,
+                           time=time_)
     result = run_harness(config, echo=lambda line: click.echo(line))
     # The verdict is printed and report.json written; the hard exit skips the interpreter's
     # finalization, where Arrow I/O threads of delta-rs scans (the checker's, the maintenance

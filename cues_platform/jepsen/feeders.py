@@ -84,7 +84,8 @@ def committed_txns(lake: Lake) -> set[int]:
     return {int(t) for t in table["txn"].to_pylist()}
 
 
-def run_txn(*, lake: Lake, run_dir: Path, plan: w.Plan, pace: float, resend_in_txn: bool) -> None:
+def run_txn(*, lake: Lake, run_dir: Path, plan: w.Plan, pace: float, resend_in_txn: bool,
+            timeout: float | None = None) -> None:
     log = run_dir / w.ack_log_name("txn")
     armed = {"lose_ack": False}
 
@@ -93,7 +94,8 @@ def run_txn(*, lake: Lake, run_dir: Path, plan: w.Plan, pace: float, resend_in_t
             armed["lose_ack"] = False
             raise LostAckError("the send committed; its acknowledgement is lost")
 
-    txp = TransactionalProducer(lake, transactional_id="jepsen-txn", hook=hook)
+    extra = {} if timeout is None else {"timeout": timeout}
+    txp = TransactionalProducer(lake, transactional_id="jepsen-txn", hook=hook, **extra)
     txp.init_transactions()  # fences a killed instance and aborts what it left open
     committed = committed_txns(lake)
     logged = set(w.read_acked(log))
@@ -128,8 +130,30 @@ def run_txn(*, lake: Lake, run_dir: Path, plan: w.Plan, pace: float, resend_in_t
         time.sleep(pace)
 
 
+def run_dead(*, lake: Lake, run_dir: Path, index: int, timeout: float) -> None:
+    """The time nemesis's dead producer: open a transaction, send ``DEAD_KEYS`` keys to
+    ``src_t``, record where they are and the deadline, then wait to be SIGKILLed (it never comes
+    back: nobody re-inits its transactional id, so only the timeout can end the transaction)."""
+    from cues_platform.clock import now_ms
+
+    txp = TransactionalProducer(lake, transactional_id=f"jepsen-dead-{index}", timeout=timeout)
+    txp.init_transactions()
+    began = now_ms()
+    txn = txp.begin()
+    keys = [w.dead_key(index, j) for j in range(w.DEAD_KEYS)]
+    result = txp.send(lake.queue(w.SRC_TXN), w.batch_table(keys), partition=w.DEAD_PARTITION)
+    first, end = result.ranges[w.DEAD_PARTITION]
+    record = {"event": "dead_txn", "index": index, "txn": txn, "first": int(first), "end": int(end),
+              "began_ms": began, "sent_ms": now_ms(), "timeout_ms": txp.timeout_ms, "keys": keys}
+    tmp = run_dir / f".dead-{index}.json.tmp"
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, run_dir / f"dead-{index}.json")
+    while True:  # the nemesis kills this process; it never commits
+        time.sleep(3600)
+
+
 @click.command()
-@click.argument("kind", type=click.Choice(["idem", "txn"]))
+@click.argument("kind", type=click.Choice(["idem", "txn", "dead"]))
 @click.option("--lake", "lake_root", required=True)
 @click.option("--run-dir", required=True, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--seed", type=int, required=True)
@@ -138,15 +162,20 @@ def run_txn(*, lake: Lake, run_dir: Path, plan: w.Plan, pace: float, resend_in_t
 @click.option("--lost-ack-rate", type=float, default=0.0)
 @click.option("--pace", type=float, default=0.0, help="Seconds between batches.")
 @click.option("--resend-in-txn", is_flag=True)
+@click.option("--txn-timeout", type=float, default=None,
+              help="Transaction timeout in seconds of the platform clock (default: the producer's).")
 def main(kind: str, lake_root: str, run_dir: Path, seed: int, keys: int, index: int,
-         lost_ack_rate: float, pace: float, resend_in_txn: bool) -> None:
+         lost_ack_rate: float, pace: float, resend_in_txn: bool, txn_timeout: float | None) -> None:
     """One feeder process (started and killed by the harness)."""
     lake, plan = Lake(root=lake_root), w.Plan(seed=seed, keys=keys)
-    if kind == "idem":
+    if kind == "dead":
+        run_dead(lake=lake, run_dir=run_dir, index=index, timeout=txn_timeout or 60.0)
+    elif kind == "idem":
         run_idem(lake=lake, run_dir=run_dir, plan=plan, index=index, lost_ack_rate=lost_ack_rate,
                  pace=pace)
     else:
-        run_txn(lake=lake, run_dir=run_dir, plan=plan, pace=pace, resend_in_txn=resend_in_txn)
+        run_txn(lake=lake, run_dir=run_dir, plan=plan, pace=pace, resend_in_txn=resend_in_txn,
+                timeout=txn_timeout)
     print(f"feeder {kind}{index if kind == 'idem' else ''}: done", flush=True)
     sys.exit(0)
 

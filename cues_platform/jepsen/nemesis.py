@@ -179,8 +179,10 @@ class Nemesis:
 
     def __init__(self, *, lake_root: Path, run_dir: Path, seed: int, plan: w.Plan,
                  feed_seconds: float, lost_ack_rate: float, resend_in_txn: bool,
-                 concurrent: bool = True, redeploy: bool = False) -> None:
+                 concurrent: bool = True, redeploy: bool = False,
+                 txn_timeout: float | None = None) -> None:
         self.concurrent, self.redeploy = concurrent, redeploy
+        self.txn_timeout = txn_timeout  # the txn feeder's timeout (platform seconds; None: default)
         self.variant = self.previous = w.BASE  # the graph version runners start with, and the one before
         self.redeploy_rng = random.Random(f"{seed}/redeploy")
         self.lake_root, self.run_dir, self.plan = lake_root, run_dir, plan
@@ -218,6 +220,7 @@ class Nemesis:
                   str(self.plan.seed), "--keys", str(self.plan.keys), "--pace", f"{self.paces[name]:.4f}"]
         if name == "txn":
             args = ["txn", *common] + (["--resend-in-txn"] if self.resend_in_txn else [])
+            args += ["--txn-timeout", f"{self.txn_timeout:g}"] if self.txn_timeout else []
         else:
             args = ["idem", *common, "--index", name.removeprefix("idem"),
                     "--lost-ack-rate", str(self.lost_ack_rate)]
@@ -477,12 +480,15 @@ class Background:
     """Maintenance and a tailer racing with everything else, in threads, until ``stop``."""
 
     def __init__(self, *, lake_root: Path, seed: int, stats: Stats, log: Path,
-                 plan: w.Plan) -> None:
+                 plan: w.Plan, maintain: bool = True) -> None:
         self.lake_root, self.stats, self.log, self.plan = lake_root, stats, log, plan
         self.rng = random.Random(f"{seed}/maintenance")
         self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._maintain, name="jepsen-maintenance", daemon=True),
-                        threading.Thread(target=self._tail, name="jepsen-tailer", daemon=True)]
+        # the time nemesis maintains at default settings itself (timewarp.py): maintain=False
+        self.threads = [threading.Thread(target=self._tail, name="jepsen-tailer", daemon=True)]
+        if maintain:
+            self.threads.insert(0, threading.Thread(target=self._maintain, name="jepsen-maintenance",
+                                                    daemon=True))
 
     def start(self) -> None:
         for t in self.threads:

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cues_platform.jepsen import timewarp as tw
 from cues_platform.jepsen import workload as w
 from cues_platform.jepsen.checker import CheckReport, Expectation, check_lake, format_checks
 from cues_platform.jepsen.nemesis import GRAPH_REF, Background, Nemesis, Stats
@@ -52,6 +53,7 @@ class HarnessConfig:
     min_kills: int = 3  # faults go on past ``duration`` until this many kills (Step 3)
     redeploy: bool = False  # the redeploy nemesis (graph versions between restarts)
     min_redeploys: int = 0  # with redeploy: go on until this many compatible and incompatible ones
+    time: bool = False  # the time nemesis: a year of the platform clock in ``duration`` seconds
     drain_timeout: float = 600.0
     idle_exit: float = 6.0
 
@@ -66,6 +68,7 @@ class HarnessResult:
     drain_attempts: int
     anomalies: list[str] = field(default_factory=list)
     elapsed: float = 0.0
+    time_counts: dict = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -78,7 +81,7 @@ class HarnessResult:
         flags += [f"--min-redeploys {c.min_redeploys}"] if c.redeploy and c.min_redeploys else []
         flags += [f for f, on in (("--redeploy", c.redeploy), ("--no-concurrent", not c.concurrent),
                                   ("--no-maintenance", not c.maintenance),
-                                  ("--resend-in-txn", c.resend_in_txn)) if on]
+                                  ("--resend-in-txn", c.resend_in_txn), ("--time", c.time)) if on]
         return " ".join([f"python -m cues_platform.jepsen --seed {c.seed} --duration {c.duration:g} "
                          f"--keys {c.keys}", *flags])
 
@@ -100,6 +103,10 @@ class HarnessResult:
             out.append(f"  redeploys: compatible {r['compatible']}, incompatible {r['incompatible']} "
                        f"(refused {r['refused']}: " + ", ".join(f"{k} {n}" for k, n in sorted(s.refusals.items()))
                        + f"; not refused {r['not refused']}), deferred (step in flight) {r['deferred']}")
+        if c.time and self.time_counts:
+            t = self.time_counts
+            out.append(f"  time: a year in {c.duration:g} s ({365 / c.duration:.1f} days/s); "
+                       + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in t.items() if k != "violations"))
         if s.expected_exits:
             out.append("  expected exits: " + ", ".join(f"{k} {n}" for k, n in s.expected_exits.items()))
         out += list(format_checks(self.report))
@@ -123,7 +130,7 @@ class HarnessResult:
                 "unexpected_exits": s.unexpected_exits, "anomalies": self.anomalies,
                 "drain_attempts": self.drain_attempts, "actions": s.actions,
                 "redeploys": dict(s.redeploys), "refusals": dict(s.refusals),
-                "silent_changes": s.silent_changes,
+                "silent_changes": s.silent_changes, "time": self.time_counts,
                 "report": self.report.to_dict()}
 
 
@@ -148,17 +155,30 @@ def run_harness(config: HarnessConfig, *, echo: Callable[[str], None] = print) -
     workdir.mkdir(parents=True)
     lake_root = workdir / "lake"
     plan = w.Plan(seed=config.seed, keys=config.keys, idem_feeders=config.idem_feeders)
+    if config.time:
+        tw.install_clock(workdir)  # before anything starts: every child inherits CUES_CLOCK_FILE
     # Step 2
     _setup(lake_root)
+    if config.time:
+        tw.setup_time(lake_root)
+    rate = tw.rate_of(config.duration)
     nemesis = Nemesis(lake_root=lake_root, run_dir=workdir, seed=config.seed, plan=plan,
-                      feed_seconds=config.duration * 0.6, lost_ack_rate=config.lost_ack_rate,
+                      feed_seconds=config.duration * (0.9 if config.time else 0.6),
+                      lost_ack_rate=config.lost_ack_rate,
                       resend_in_txn=config.resend_in_txn, concurrent=config.concurrent,
-                      redeploy=config.redeploy)
+                      redeploy=config.redeploy,
+                      txn_timeout=tw.TXN_TIMEOUT_REAL_S * rate if config.time else None)
     background = Background(lake_root=lake_root, seed=config.seed, stats=nemesis.stats,
-                            log=workdir / "logs" / "maintenance.log", plan=plan)
+                            log=workdir / "logs" / "maintenance.log", plan=plan,
+                            maintain=not config.time)
+    timewarp = (tw.TimeNemesis(lake_root=lake_root, run_dir=workdir, seed=config.seed,
+                               year_seconds=config.duration, nemesis=nemesis) if config.time else None)
     drain_attempts = 0
     try:
         # Step 3
+        if timewarp is not None:  # the monthly lane registers before retention may run
+            timewarp.register_monthly(time.monotonic() + 300)
+            timewarp.start()
         nemesis.tend()
         if config.maintenance:
             background.start()
@@ -211,7 +231,11 @@ def run_harness(config: HarnessConfig, *, echo: Callable[[str], None] = print) -
             if drain_attempts >= 3:
                 raise RuntimeError(f"the drain runner failed {drain_attempts} times; last: "
                                    f"{runner.tail(1500)}")
+        if timewarp is not None:
+            timewarp.finish()
     finally:
+        if timewarp is not None:
+            timewarp.stop_all()
         background.join()
         nemesis.stop_all()
     # Step 6
@@ -222,7 +246,8 @@ def run_harness(config: HarnessConfig, *, echo: Callable[[str], None] = print) -
     result = HarnessResult(config=config, report=report, stats=nemesis.stats,
                            acked=len(expectation.acked), sent_keys=len(plan.all_keys),
                            drain_attempts=drain_attempts, anomalies=anomalies,
-                           elapsed=time.monotonic() - started)
+                           elapsed=time.monotonic() - started,
+                           time_counts=dict(timewarp.counts) if timewarp is not None else {})
     (workdir / "report.json").write_text(json.dumps(result.to_dict(), indent=2, default=str))
     for line in result.lines():
         echo(line)

@@ -303,3 +303,32 @@ def bindings_of(variant: str) -> dict[str, tuple[str, ...]]:
     if variant.startswith("rename_"):
         out[v.target + RENAMED_SUFFIX] = out.pop(v.target)  # type: ignore[operator]
     return out
+
+
+# -- the time nemesis (``--time``; cues_platform/jepsen/timewarp.py) ---------------------------------
+EPHEMERAL = "ephemeral"  # short-lived producers append here (one new producer id a platform day)
+MONTHLY = "monthly"  # the lane family that steps once a platform month (user graph ``monthly``)
+MONTHLY_OUT = "monthly_out"  # its output (every key of ``enriched`` once)
+MONTHLY_GRAPH = "jepsen-monthly"
+MONTHLY_BATCH = 40  # small steps: each monthly burst takes several, so step time is sampled
+MONTHLY_LANES = tuple(lane_id(MONTHLY, part) for part in PARTITIONS)
+DEAD_PARTITION = PARTITIONS[0]  # where the dead transactions send (src_t)
+DEAD_KEYS = 5
+TIME_LOG = "time.jsonl"  # the time nemesis's records (clock samples, footprints, reads, dead txns)
+
+
+def dead_key(index: int, j: int) -> str:
+    """Key j of dead transaction ``index`` (never visible: its producer is killed before commit)."""
+    return f"d-{index:02d}-{j:03d}"
+
+
+def read_time_log(run_dir) -> list[dict]:
+    """The time nemesis's records (one JSON object a line; a line cut by a kill is ignored)."""
+    import json
+    from pathlib import Path
+
+    try:
+        text = (Path(run_dir) / TIME_LOG).read_text()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]

@@ -261,3 +261,33 @@ def test_a_renamed_processor_that_ran(hand_lake):
         "incompatible version)",
         "queue 'enriched_v2' (the home of incompatible version home_enrich) holds 2 row(s): steps ran "
         "under an incompatible version"]
+
+
+def _retention_delete(root, queue: str, *, partition: str, below: int) -> None:
+    """What a retention delete commits: the rows below ``below`` go, the start moves, and the
+    commit metadata ``cues.retention`` says so (queues/retention.py)."""
+    from deltalake import DeltaTable
+
+    dt = DeltaTable(str(root / "queues" / queue))
+    dt.delete(f"_partition = '{partition}' AND _offset < {below}", commit_properties=CommitProperties(
+        app_transactions=[Transaction(f"start:{partition}", below)],
+        custom_metadata={"cues.retention": json.dumps({partition: [0, below]})}))
+
+
+def test_rows_retention_removed_are_read_from_the_version_before_the_delete(hand_lake):
+    root = hand_lake.write()
+    for queue in (w.SRC_IDEM, w.MERGED, w.ENRICHED):
+        _retention_delete(root, queue, partition="0", below=5)
+    report = check_lake(root, hand_lake.expectation())
+    assert report.ok, report.to_dict()  # every key is still accounted for, once
+    assert report.counts["visible_input_keys"] == 12 and report.counts["enriched_rows"] == 8
+
+
+def test_rows_deleted_without_a_retention_record_are_lost(hand_lake):
+    from deltalake import DeltaTable
+
+    root = hand_lake.write()
+    DeltaTable(str(root / "queues" / w.ENRICHED)).delete("_offset < 2")  # not retention's doing
+    report = check_lake(root, hand_lake.expectation())
+    assert report.failed() == ["dense_offsets", "exactly_once"]
+    assert f"enriched: key {IDEM[0]} is missing" in report.check("exactly_once").violations

@@ -111,3 +111,26 @@ def test_the_redeploy_nemesis_refuses_every_incompatible_version_and_loses_no_ke
     assert set(report["refusals"]) <= {"LaneMigrationError", "StrategyChangedError", "ProcessorRenamedError",
                                        "HomeChangedError"}, report["refusals"]
     assert report["acked"] == report["keys"], "every planned key is acknowledged in the end"
+
+
+TIME_CI = ["python", "-m", "cues_platform.jepsen", "--time", "--duration", "150", "--keys", "1500",
+           "--min-kills", "2", "--no-concurrent"]
+TIME_SOAK = ["python", "-m", "cues_platform.jepsen", "--time", "--duration", "900", "--keys", "12000"]
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(3000 if soak_enabled() else 1000)
+def test_the_time_nemesis_a_year_in_minutes_keeps_every_key_and_stays_bounded(tmp_path):
+    # CI: a year of the platform clock in 150 s over 1,500 keys (a random seed, printed first);
+    # CUES_SOAK=1: a year in 15 minutes over 12,000 keys. docs/jepsen.md, "The time nemesis".
+    argv = TIME_SOAK if soak_enabled() else TIME_CI
+    report = run_harness(argv, tmp_path, timeout=2800 if soak_enabled() else 900)
+    assert report["ok"], report
+    checks = {c["name"]: c for c in report["report"]["checks"]}
+    for name in ("retention", "footprint", "timing", "dead_txn"):
+        assert checks[name]["ok"] and checks[name]["checked"] > 0, checks[name]
+    t = report["time"]
+    assert t["dead_txns"] == 4 and t["ephemeral_producers"] >= 300, t  # one a quarter; one a day
+    assert t["retention_moves"] > 0 and t["expendable_retained_away"] > 0, t
+    assert t["monthly_bursts"] >= 6 and t["lagging_reads"] > 0, t
+    assert report["acked"] == report["keys"], "every planned key is acknowledged in the end"

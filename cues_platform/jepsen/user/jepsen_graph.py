@@ -121,6 +121,24 @@ def build(variant: str = w.BASE, batch_size: int = w.BATCH_SIZE) -> Graph:
 graph = build()
 
 
+def passthrough(ctx, **frames):
+    """map: the same keys (the lane that steps once a platform month, time nemesis)."""
+    return _one(frames).select("key", "n")
+
+
+# The time nemesis's lane that steps once a "month": its runner is resumed (SIGCONT) for one
+# burst a platform month and paused (SIGSTOP) in between, so it holds enriched's low-water mark
+# a month behind: retention must keep every row it has not read.
+monthly = Graph.build(
+    name=w.MONTHLY_GRAPH,
+    queues=[QueueDef(w.ENRICHED, w.PAYLOAD, partitions=w.PARTITIONS),
+            QueueDef(w.MONTHLY_OUT, w.PAYLOAD, partitions=w.PARTITIONS)],
+    processors=[Processor(w.MONTHLY, Kind.MAP, passthrough, {"src": In(w.ENRICHED)},
+                          {"out": Out(w.MONTHLY_OUT)},
+                          options=Options(batch_size=w.MONTHLY_BATCH, max_batch_size=w.MONTHLY_BATCH,
+                                          poll_interval=0.25))])
+
+
 def __getattr__(attr: str) -> Graph:
     """``graph_<variant>``: that version of the graph (built when a runner loads it)."""
     variant = attr.removeprefix("graph_")

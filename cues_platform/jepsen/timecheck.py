@@ -1,0 +1,279 @@
+"""The time nemesis's checks (``--time``), computed by the harness from the lake (``deltalake``),
+the nemesis's records (``time.jsonl``) and the runners' event logs:
+
+1. ``retention``: retention really removed rows (the start of ``src_a`` and ``ephemeral`` moved),
+   and nothing a reader still needed was removed: the monthly lane's output holds every key
+   ``enriched`` ever held, once; the lagging tailer read ``merged`` densely to its end; no
+   process met ``OffsetOutOfRangeError``; the expendable tailer's reads plus what retention moved
+   it past (``retained_away``) add up to its position. (Every key delivered exactly once is the
+   usual checks', which read the whole history: ``checker._read`` adds the rows a retention
+   delete removed, from the version before it.)
+2. ``footprint``: at the year's end each queue's live bytes and checkpoint bytes are at most
+   ``FACTOR`` x the largest of months 2-3 (the steady state: 7 days of retention behind a monthly
+   reader) plus a fixed allowance, and the ``_delta_log`` entries since the newest checkpoint at
+   most ``MAX_ENTRIES_SINCE_CHECKPOINT``. Removed-but-not-vacuumed bytes and all log entries are
+   reported apart: vacuum and log cleanup judge files by the real clock (24 h, 30 days), which a
+   run of minutes never reaches.
+3. ``timing``: step time (the monthly lane's steps, one burst a month) and recovery time (every
+   runner start: Spark ready -> every lane recovered) in the last months within ``MAX_RATIO`` of
+   the first (medians of the first two and the last two months with samples).
+4. ``dead_txn``: each transaction whose producer was killed for good was aborted (a decision row
+   ``aborted`` in ``_cues/transactions``), none of its keys is visible, and the read_committed
+   reader behind it was never stopped there after its deadline (``dl:{txn}``): it waited at most
+   its timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import Counter
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from deltalake import DeltaTable
+
+from cues_platform.jepsen import workload as w
+
+if TYPE_CHECKING:
+    from cues_platform.jepsen.checker import CheckResult, Expectation
+
+FACTOR = 1.5
+LIVE_ALLOWANCE = 256 * 1024  # bytes: a partition's files not yet compacted, row-group overhead
+CHECKPOINT_ALLOWANCE = 16 * 1024
+MAX_ENTRIES_SINCE_CHECKPOINT = 200  # 2 x delta.checkpointInterval (100)
+MAX_RATIO = 1.2
+STEADY_MONTHS = (2, 3)
+YEAR_END = 12
+MONTH_MS = 365 * 86_400_000 / 12
+MOVED_QUEUES = (w.SRC_IDEM, w.EPHEMERAL)  # fed all year: retention must have moved their start
+
+
+def _records(expectation: Expectation, event: str) -> list[dict]:
+    return [r for r in expectation.time_records if r.get("event") == event]
+
+
+def _start(root: Path, queue: str, part: str) -> int:
+    dt = DeltaTable(str(root / "queues" / queue))
+    v = dt.transaction_version(f"start:{part}")
+    return 0 if v is None else int(v)
+
+
+def _events(log: Path) -> list[dict]:
+    out = []
+    for line in log.read_text(errors="replace").splitlines():
+        if line.startswith("{") and '"event"' in line:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+    return out
+
+
+def check_retention(root: Path, expectation: Expectation, enriched: Counter) -> CheckResult:
+    from cues_platform.jepsen.checker import CheckResult, _read
+
+    result = CheckResult("retention")
+    for queue in MOVED_QUEUES:
+        result.checked += 1
+        starts = {p: _start(root, queue, p) for p in (w.PARTITIONS if queue != w.EPHEMERAL
+                                                       else (w.PROGRESS_PARTITION,))}
+        if not any(starts.values()):
+            result.fail(f"{queue}: retention never moved a start offset in a year ({starts})")
+    monthly = _read(root / "queues" / w.MONTHLY_OUT, ["key"])
+    got = Counter() if monthly is None else Counter(monthly["key"].to_pylist())
+    result.checked += len(enriched)
+    for key in sorted(set(enriched) | set(got)):
+        if got[key] != enriched[key]:
+            result.fail(f"{w.MONTHLY_OUT}: key {key} is there {got[key]} times, {w.ENRICHED} held it "
+                        f"{enriched[key]} times: the monthly lane lost or repeated what it needed")
+    counts = next(iter(_records(expectation, "counts")), None)
+    if counts is None:
+        result.fail("the time nemesis left no final counts (it did not finish)")
+    else:
+        for v in counts.get("violations", []):
+            result.fail(v)
+    lagging = next(iter(_records(expectation, "lagging")), None)
+    if lagging is not None:
+        dt = DeltaTable(str(root / "queues" / w.MERGED))
+        for part, pos in lagging["position"].items():
+            result.checked += 1
+            end = dt.transaction_version(f"part:{part}")
+            if end is not None and int(end) != pos:
+                result.fail(f"the lagging tailer ended at {w.MERGED}/{part} {pos}, not at its end {int(end)}")
+    expendable = next(iter(_records(expectation, "expendable")), None)
+    if expendable is not None:
+        result.checked += 1
+        total = sum(expendable["retained_away"].values()) + expendable["read"]
+        if total != sum(expendable["position"].values()):
+            result.fail(f"expendable tailer: read {expendable['read']} + retained away "
+                        f"{expendable['retained_away']} != its positions {expendable['position']}")
+    if expectation.run_dir is not None:
+        for log in sorted((expectation.run_dir / "logs").glob("*.log")):
+            result.checked += 1
+            text = log.read_text(errors="replace")
+            if "OffsetOutOfRangeError" in text:
+                line = next(ln for ln in text.splitlines() if "OffsetOutOfRangeError" in ln)
+                result.fail(f"{log.name}: a reader met OffsetOutOfRangeError: {line[:300]}")
+    return result
+
+
+def check_footprint(expectation: Expectation, counts: dict) -> CheckResult:
+    from cues_platform.jepsen.checker import CheckResult
+
+    result = CheckResult("footprint")
+    by_month = {r["month"]: r["queues"] for r in _records(expectation, "footprint")}
+    end = by_month.get(YEAR_END)
+    if end is None:
+        result.fail(f"no footprint at the year's end (months sampled: {sorted(map(str, by_month))})")
+        return result
+    steady = [by_month[m] for m in STEADY_MONTHS if m in by_month]
+    if not steady:
+        result.fail("no footprint of months 2-3 (the steady state)")
+        return result
+    for queue, fp in sorted(end.items()):
+        if "error" in fp:
+            result.fail(f"{queue}: footprint at the year's end failed: {fp['error']}")
+            continue
+        base = [s[queue] for s in steady if "error" not in s.get(queue, {"error": 1})]
+        if not base:
+            continue
+        for what, allowance in (("live_bytes", LIVE_ALLOWANCE), ("checkpoint_bytes", CHECKPOINT_ALLOWANCE)):
+            result.checked += 1
+            bound = FACTOR * max(b[what] for b in base) + allowance
+            counts[f"{queue}.{what}"] = fp[what]
+            counts[f"{queue}.{what}_bound"] = int(bound)
+            if fp[what] > bound:
+                result.fail(f"{queue}: {what} {fp[what]:,} after a year > bound {bound:,.0f} "
+                            f"({FACTOR} x months 2-3's {max(b[what] for b in base):,} + {allowance:,})")
+        result.checked += 1
+        if fp["entries_since_checkpoint"] > MAX_ENTRIES_SINCE_CHECKPOINT:
+            result.fail(f"{queue}: {fp['entries_since_checkpoint']} _delta_log entries since the newest "
+                        f"checkpoint > {MAX_ENTRIES_SINCE_CHECKPOINT}")
+        counts[f"{queue}.removed_bytes"] = fp["removed_bytes"]
+        counts[f"{queue}.log_entries"] = fp["log_entries"]
+        counts[f"{queue}.checkpoint_app_transactions"] = fp.get("checkpoint_app_transactions")
+    return result
+
+
+def _ts_ms(event: dict) -> int:
+    return int(datetime.fromisoformat(event["ts"]).timestamp() * 1000)
+
+
+def timing_samples(expectation: Expectation) -> tuple[dict[int, list[float]], dict[int, list[float]]]:
+    """(recovery seconds by month, step seconds by month) from the runners' event logs."""
+    start = next(iter(_records(expectation, "clock_start")), None)
+    recovery: dict[int, list[float]] = {}
+    steps: dict[int, list[float]] = {}
+    if start is None or expectation.run_dir is None:
+        return recovery, steps
+    real0, rate, year_s = start["real0_ms"], start["rate"], start["year_seconds"]
+
+    def month(real_ms: int) -> int | None:
+        elapsed = (real_ms - real0) / 1000
+        if elapsed < 0 or elapsed >= year_s:
+            return None
+        return int(elapsed * rate * 1000 // MONTH_MS)
+
+    for log in sorted((expectation.run_dir / "logs").glob("*.log")):
+        if not (log.name.startswith("runner-") or log.name.startswith("monthly-")):
+            continue
+        lanes = len(w.MONTHLY_LANES) if log.name.startswith("monthly-") else len(w.LANES)
+        ready: int | None = None
+        recovered = 0
+        last_step: dict[str, int] = {}
+        for e in _events(log):
+            kind = e.get("event")
+            if kind == "started":
+                ready, recovered, last_step = None, 0, {}
+            elif kind == "spark_ready":
+                ready = _ts_ms(e)
+            elif kind == "recovered" and ready is not None:
+                recovered += 1
+                if recovered == lanes:
+                    m = month(ready)
+                    if m is not None:
+                        recovery.setdefault(m, []).append((_ts_ms(e) - ready) / 1000)
+            elif kind == "step" and log.name.startswith("monthly-"):
+                lane, at = e.get("processor"), _ts_ms(e)
+                prev = last_step.get(lane)
+                m = month(at)
+                if prev is not None and m is not None and at - prev < 5_000:  # within one burst
+                    steps.setdefault(m, []).append((at - prev) / 1000)
+                last_step[lane] = at
+            elif kind == "idle":
+                last_step = {}
+    return recovery, steps
+
+
+def _ends(samples: dict[int, list[float]]) -> tuple[list[int], list[int]]:
+    months = sorted(samples)
+    return months[:2], months[-2:]
+
+
+def check_timing(expectation: Expectation, counts: dict) -> CheckResult:
+    from cues_platform.jepsen.checker import CheckResult
+
+    result = CheckResult("timing")
+    recovery, steps = timing_samples(expectation)
+    for what, samples in (("recovery", recovery), ("step", steps)):
+        first, last = _ends(samples)
+        result.checked += sum(len(v) for v in samples.values())
+        if len(samples) < 4 or max(last) - min(first) < 6:
+            result.fail(f"{what} time: too few months with samples to compare the first with the last "
+                        f"({ {m: len(v) for m, v in sorted(samples.items())} })")
+            continue
+        a = statistics.median([x for m in first for x in samples[m]])
+        b = statistics.median([x for m in last for x in samples[m]])
+        counts[f"{what}_first_median_ms"] = round(a * 1000)
+        counts[f"{what}_last_median_ms"] = round(b * 1000)
+        if b > MAX_RATIO * a:
+            result.fail(f"{what} time in months {last}: median {b:.3f} s > {MAX_RATIO} x months {first}' "
+                        f"{a:.3f} s")
+    return result
+
+
+def check_dead(root: Path, expectation: Expectation, counts: dict) -> CheckResult:
+    from cues_platform.jepsen.checker import CheckResult, _read
+
+    result = CheckResult("dead_txn")
+    dead = _records(expectation, "dead_txn")
+    if not dead:
+        result.fail("no transaction was killed for good")
+        return result
+    coordinator = root / "_cues" / "transactions"
+    dt = DeltaTable(str(coordinator))
+    rows = _read(coordinator, ["txn_id", "action"])
+    actions: dict[str, set[str]] = {}
+    for txn, action in zip(rows["txn_id"].to_pylist(), rows["action"].to_pylist(), strict=True):
+        actions.setdefault(txn, set()).add(action)
+    watch = next(iter(_records(expectation, "watch")), {"dead": {}})["dead"]
+    waits = []
+    for d in dead:
+        result.checked += 1
+        txn = d["txn"]
+        if "aborted" not in actions.get(txn, set()) or "committed" in actions.get(txn, set()):
+            result.fail(f"dead transaction {txn}: decisions {sorted(actions.get(txn, set()))}, "
+                        "expected one 'aborted' (its timeout)")
+        deadline = dt.transaction_version(f"dl:{txn}")
+        seen = watch.get(str(d["index"]))
+        if deadline is None or seen is None:
+            result.fail(f"dead transaction {txn}: deadline {deadline}, watched {seen is not None}")
+            continue
+        if seen["passed_ms"] is None:
+            result.fail(f"dead transaction {txn}: the read_committed reader never passed it")
+        if seen["last_stall_ms"] is not None and seen["last_stall_ms"] > int(deadline):
+            result.fail(f"dead transaction {txn}: the reader was still stopped at it "
+                        f"{(seen['last_stall_ms'] - int(deadline)) / 1000:.0f} s (platform) past its "
+                        f"deadline (timeout {d['timeout_ms'] / 1000:.0f} s)")
+        if seen["first_stall_ms"] is not None and seen["passed_ms"] is not None:
+            waits.append((seen["passed_ms"] - seen["first_stall_ms"]) / d["timeout_ms"])
+    if waits:
+        counts["dead_txn_wait_max_of_timeout_pct"] = round(100 * max(waits))
+    return result
+
+
+def check_time(root: Path, expectation: Expectation, enriched: Counter, counts: dict) -> list[CheckResult]:
+    return [check_retention(root, expectation, enriched), check_footprint(expectation, counts),
+            check_timing(expectation, counts), check_dead(root, expectation, counts)]
