@@ -20,6 +20,11 @@ from cues_platform.dagster.checks import CONTRACT, EXACTLY_ONCE, build_checks, v
 from cues_platform.dagster.definitions import all_job_name, build_definitions, schedule_name
 from cues_platform.dagster.function_assets import processor_asset
 from cues_platform.dagster.io_manager import PARTITION_COLUMN, CuesIOManager
+from cues_platform.dagster.maintenance import (
+    MAINTENANCE_JOB,
+    MaintenanceConfig,
+    build_maintenance_definitions,
+)
 from cues_platform.dagster.resources import BackingQueueResource, CuesSparkResource, LakeResource
 from cues_platform.dagster.sensors import (
     RECOVERY_ATTEMPT_TAG,
@@ -37,4 +42,5 @@ __all__ = [
     "build_checks", "build_definitions", "build_new_data_sensor", "build_processor_asset",
     "build_recovery_sensor", "external_queues", "new_data_run_key", "processor_keys", "queue_key",
     "schedule_name", "validate_contract", "STEP_IO_KEY", "CuesStepIOManager", "processor_asset",
+    "MAINTENANCE_JOB", "MaintenanceConfig", "build_maintenance_definitions",
 ]

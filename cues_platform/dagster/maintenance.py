@@ -60,6 +60,12 @@ def maintenance_schedule_name(job_name: str = MAINTENANCE_JOB) -> str:
     return f"{job_name}__schedule"
 
 
+def maintenance_op_name(lake_key: str = LAKE_KEY) -> str:
+    """``maintain_queues`` for the resource ``lake``, ``maintain_queues__{lake_key}`` for another
+    (op names are unique in a code location); the run config goes under it."""
+    return MAINTENANCE_OP if lake_key == LAKE_KEY else f"{MAINTENANCE_OP}__{lake_key}"
+
+
 def maintenance_pool(lake_key: str = LAKE_KEY) -> str:
     """The concurrency pool of the maintenance op: with a limit of 1 (``concurrency: {pools:
     {default_limit: 1}}`` in dagster.yaml), a second maintenance run of the same lake waits
@@ -68,7 +74,8 @@ def maintenance_pool(lake_key: str = LAKE_KEY) -> str:
 
 
 class MaintenanceConfig(Config):
-    """Run config of the maintenance op (launchpad: ``ops: {maintain_queues: {config: ...}}``)."""
+    """Run config of the maintenance op (launchpad: ``ops: {maintain_queues: {config: ...}}``;
+    the op of another lake resource is ``maintain_queues__{lake_key}``)."""
 
     retention_hours: float = Field(
         default=float(DEFAULT_VACUUM_RETENTION_HOURS),
@@ -108,7 +115,7 @@ def _failure_text(exc: BaseException) -> str:
 
 
 def build_maintenance_op(*, lake_key: str = LAKE_KEY) -> Any:
-    @op(name=MAINTENANCE_OP, required_resource_keys={lake_key}, out=Out(Nothing),
+    @op(name=maintenance_op_name(lake_key), required_resource_keys={lake_key}, out=Out(Nothing),
         pool=maintenance_pool(lake_key), tags={"cues/maintenance": lake_key},
         description=f"abort expired transactions, apply retention, compact, checkpoint and vacuum "
                     f"every queue of the lake resource {lake_key!r} (`cues queue maintain` on each)")
@@ -207,7 +214,7 @@ def build_maintenance_definitions(
     if cron is not None:
         schedules.append(ScheduleDefinition(
             name=maintenance_schedule_name(job_name), cron_schedule=cron, job=_job,
-            run_config=RunConfig(ops={MAINTENANCE_OP: MaintenanceConfig(
+            run_config=RunConfig(ops={maintenance_op_name(lake_key): MaintenanceConfig(
                 retention_hours=float(retention_hours))}),
             default_status=default_status,
             description=f"maintains every queue of {lake_key!r} ({cron}, UTC)"))
@@ -217,4 +224,4 @@ def build_maintenance_definitions(
 
 __all__ = ["MAINTENANCE_CRON", "MAINTENANCE_JOB", "MAINTENANCE_OP", "MaintenanceConfig",
            "build_maintenance_definitions", "build_maintenance_op", "describe_maintenance",
-           "maintenance_pool", "maintenance_schedule_name"]
+           "maintenance_op_name", "maintenance_pool", "maintenance_schedule_name"]

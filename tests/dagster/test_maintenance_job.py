@@ -234,3 +234,28 @@ def test_checks_rerun_after_retention_judge_what_is_left_and_never_pass_on_what_
     passed, severity, meta = _check_results(defs, instance)["contract"]
     assert (passed, severity, meta["rows_checked"]) == (False, AssetCheckSeverity.WARN, 0)
     assert meta["retained_away"] == {"0": [0, 30]}
+
+
+def test_each_lake_resource_gets_its_own_job_in_one_code_location(tmp_path, instance) -> None:
+    """The reference deployment has two lakes (``lake`` and ``participants_lake``): two jobs, two
+    ops of distinct names, merged into one loadable code location; each maintains its own lake."""
+    from dagster import Definitions
+
+    from cues_platform.dagster.maintenance import maintenance_op_name
+
+    main, other = Lake(root=str(tmp_path / "main")), Lake(root=str(tmp_path / "other"))
+    for lake in (main, other):
+        set_policy(_three_files(lake, "q"), ms=0, bytes=None)  # no reader: everything may go
+    merged = Definitions.merge(
+        build_maintenance_definitions(lake=LakeResource(root=main.root)),
+        build_maintenance_definitions(lake_key="participants_lake", job_name="other_maintenance",
+                                      lake=LakeResource(root=other.root)))
+    Definitions.validate_loadable(merged)
+    assert {s.name for s in merged.schedules} == {"cues_maintenance__schedule",
+                                                  "other_maintenance__schedule"}
+    op_name = maintenance_op_name("participants_lake")
+    assert op_name == "maintain_queues__participants_lake"
+    result = merged.resolve_job_def("other_maintenance").execute_in_process(
+        instance=instance, run_config={"ops": {op_name: {"config": {"retention_hours": 1.0}}}})
+    assert result.success
+    assert (main.queue("q").start_offset("0"), other.queue("q").start_offset("0")) == (0, 10)
