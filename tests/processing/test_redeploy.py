@@ -278,7 +278,8 @@ def test_cues_queue_maintain_keeps_an_idle_processors_step_records(spark, lake):
     lake.queue("a").append(rows(0, 3), partition="0")
     run(lake, spark, g)
     home = lake.queue("b")
-    home.refresh().alter.set_table_properties({"delta.logRetentionDuration": "interval 0 hours"})
+    home.refresh().alter.set_table_properties({"delta.logRetentionDuration": "interval 0 hours",
+                                               "delta.checkpointInterval": "2"})
     from cues_platform.processing.home import fence_home
 
     for i in range(3):  # newer (empty) commits, so quiet's step commit lies below the checkpoint

@@ -154,7 +154,10 @@ def test_commits_leave_expired_log_entries_to_maintenance(make_queue) -> None:
     before = _snapshot_reads(q, q.partitions)
     report = checkpoint(q)
     assert report.checkpoint_version == 12
-    assert sorted(p.name for p in log.glob("*.json")) == ["00000000000000000012.json"]
+    # delta-rs wrote checkpoints at 4 and 9, checkpoint() one at 12: every version from the
+    # second-newest checkpoint (9) on stays, so a reader that chose 9 still finds its entries
+    assert sorted(p.name for p in log.glob("*.json")) == [f"{v:020d}.json" for v in (9, 10, 11, 12)]
+    assert report.log_entries_removed == 10  # versions 0..8's commits and 4's checkpoint
     assert _snapshot_reads(q, q.partitions) == before
 
 
@@ -167,7 +170,7 @@ def test_a_handle_the_log_was_trimmed_past_opens_again_and_sees_every_commit(mak
     assert stale.refresh().version() == 0
     for i in range(12):
         q.append(rows(i * 2, 2), partition="0")
-    checkpoint(q)  # drops entries 0..11
+    checkpoint(q)  # drops entries 0..8 (below the second-newest checkpoint, 9)
     assert stale.refresh().version() == 12
     assert _snapshot_reads(stale, ["0"]) == _snapshot_reads(q, ["0"])
     assert stale.next_offset("0") == 24
