@@ -87,10 +87,16 @@ def expires(app_id: str) -> bool:
 
 
 def app_transaction(app_id: str, version: int, *, at_ms: int) -> Transaction:
-    """The Delta app transaction ``app_id = version``; with ``lastUpdated = at_ms`` only if
-    :func:`expires` says it may expire."""
+    """The Delta app transaction ``app_id = version``; with ``lastUpdated`` only if
+    :func:`expires` says it may expire.
+
+    ``lastUpdated`` is the earlier of ``at_ms`` (the platform clock) and the real clock: delta-rs
+    judges expiry with the real clock of the process loading a snapshot, and never expires a
+    stamp in its future, so a platform clock running ahead (a skewed machine, the time nemesis)
+    would otherwise make producer ids immortal; a clock behind (tests aging ids) stamps older,
+    which only expires an idle id sooner (safe: ``UnknownProducerIdError``, a new epoch)."""
     if expires(app_id):
-        return Transaction(app_id, version, last_updated=at_ms)
+        return Transaction(app_id, version, last_updated=min(at_ms, time.time_ns() // 1_000_000))
     return Transaction(app_id, version)
 
 

@@ -146,6 +146,21 @@ def test_only_producer_ids_epochs_and_queue_transaction_markers_carry_last_updat
         assert txns and all(t.get("lastUpdated") is None for t in txns.values()), system
 
 
+def test_a_clock_ahead_never_stamps_a_producer_id_in_delta_rs_future(lake) -> None:
+    """A platform clock a year ahead (a skewed machine, the time nemesis) stamps ``lastUpdated``
+    with the real time, not the year ahead: delta-rs never expires a stamp in its future, so such
+    ids would stay in every checkpoint for ever; with the real stamp they expire at the retention
+    like any other. (A clock behind still stamps its own, older, time: see the test above.)"""
+    q = lake.create_queue("events", schema=rows(0, 1).schema, partitions=("0",))
+    clock.advance(seconds=365 * 86_400)
+    before = time.time_ns() // 1_000_000
+    q.producer(producer_id="p").send(rows(0, 2), partition="0")
+    after = time.time_ns() // 1_000_000
+    stamps = {a: t["lastUpdated"] for a, t in logged_txns(q.uri).items() if "lastUpdated" in t}
+    assert set(stamps) == {"prod:p", "pepoch:p"}
+    assert all(before <= v <= after for v in stamps.values()), stamps
+
+
 # -- 3. a producer whose id expired ------------------------------------------------------------
 def test_an_expired_producer_never_writes_twice_and_a_new_instance_takes_a_new_epoch(lake) -> None:
     q = lake.create_queue("events", schema=rows(0, 1).schema, partitions=("0",))
