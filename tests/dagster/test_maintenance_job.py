@@ -259,3 +259,19 @@ def test_each_lake_resource_gets_its_own_job_in_one_code_location(tmp_path, inst
         instance=instance, run_config={"ops": {op_name: {"config": {"retention_hours": 1.0}}}})
     assert result.success
     assert (main.queue("q").start_offset("0"), other.queue("q").start_offset("0")) == (0, 10)
+
+
+def test_the_reference_deployment_maintains_both_lakes_nightly() -> None:
+    """``definitions.py`` (what `dagster dev` loads) has a maintenance job and a running daily
+    schedule for each lake resource."""
+    from dagster import DefaultScheduleStatus
+
+    import definitions
+
+    defs = definitions.defs
+    jobs = {j.name for j in defs.jobs}
+    schedules = {s.name: s for s in defs.schedules}
+    assert {"cues_maintenance", "cues_maintenance_participants"} <= jobs
+    for name in ("cues_maintenance__schedule", "cues_maintenance_participants__schedule"):
+        assert schedules[name].default_status is DefaultScheduleStatus.RUNNING
+    assert schedules["cues_maintenance__schedule"].cron_schedule == "0 3 * * *"
