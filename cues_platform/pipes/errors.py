@@ -1,14 +1,18 @@
 """Typed exceptions raised by the delivery pipes.
 
 Every error raised on purpose by :mod:`cues_platform.pipes` derives from :class:`PipeError`, so
-callers can catch the whole family with one ``except PipeError``.
+callers can catch the whole family with one ``except PipeError`` (and every error of the package
+with ``except CuesError``).
 """
 
 from __future__ import annotations
 
+from cues_platform.errors import CuesError
 
-class PipeError(Exception):
-    """Root of all pipe errors."""
+
+class PipeError(CuesError):
+    """Root of all pipe errors (a :class:`cues_platform.errors.CuesError`, like every error of
+    the package)."""
 
 
 class ConfigError(PipeError, ValueError):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cues_platform.errors import CuesError
+from cues_platform.errors import CuesError, TransientStorageError
 
 
 class QueueError(CuesError):
@@ -164,11 +164,11 @@ class PositionRangeError(OffsetRangeError):
     """
 
 
-class StorageUnreachableError(QueueError):
+class StorageUnreachableError(QueueError, TransientStorageError):
     """The lake's object store did not answer (connection refused or reset, a timeout, an unknown
     host) after delta-rs' own retries (storage options ``max_retries``, ``retry_timeout``).
 
-    Retryable: nothing was lost. Carries ``table``, ``uri``, ``endpoint`` (when known),
+    Retryable (a :class:`TransientStorageError`: what retrying can fix): nothing was lost. Carries ``table``, ``uri``, ``endpoint`` (when known),
     ``during`` (what was being done) and ``reason`` (the innermost cause). A failed commit may
     still have landed if its request reached the store before the fault: a producer resends the
     same batch (its sequence makes the resend a no-op), a step is recovered from its records.
