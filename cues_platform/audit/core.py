@@ -35,7 +35,7 @@ from cues_platform.audit.report import (
     Violation,
     sort_violations,
 )
-from cues_platform.audit.retained import retained_outputs, starts_of
+from cues_platform.audit.retained import retained_outputs
 from cues_platform.audit.rows import QueueRows, read_queue_rows
 from cues_platform.audit.sequence import Steps, alts_violations, arrange
 from cues_platform.audit.storage import (
@@ -52,6 +52,7 @@ from cues_platform.processing.history import BadCommit, commit_records, merge
 from cues_platform.processing.outputs import proc_app_id
 from cues_platform.queues import Lake, Queue
 from cues_platform.queues.names import join_uri
+from cues_platform.queues.retention import start_offsets
 
 
 def audit(lake: Lake, *, graph: Graph | None = None) -> AuditReport:
@@ -110,7 +111,7 @@ def audit(lake: Lake, *, graph: Graph | None = None) -> AuditReport:
     starts: dict[tuple[str, str], int] = {}
     for name, q in sorted(queues.items()):
         try:
-            starts.update({(name, p): s for p, s in starts_of(q, q.refresh()).items()})
+            starts.update({(name, p): s for p, s in start_offsets(q, snapshot=q.refresh()).items()})
         except STORAGE_ERRORS as exc:
             violations.append(unreadable_violation(exc, table=name, uri=q.uri))
 

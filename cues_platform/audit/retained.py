@@ -61,11 +61,6 @@ if TYPE_CHECKING:
 MAX_RUNS = 20  # missing-offset runs named per partition (the rest are counted)
 
 
-def starts_of(queue: Queue, dt: DeltaTable) -> dict[str, int]:
-    """The start offset of every partition of ``queue`` in snapshot ``dt``."""
-    return {p: start_offset(queue, p, snapshot=dt) for p in queue.partitions}
-
-
 def _runs(offsets: list[int]) -> list[tuple[int, int]]:
     out: list[tuple[int, int]] = []
     for o in offsets:

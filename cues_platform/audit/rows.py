@@ -12,9 +12,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cues_platform.audit.retained import starts_of
 from cues_platform.processing.outputs import proc_app_id
 from cues_platform.queues import Queue
+from cues_platform.queues.retention import start_offsets
 from cues_platform.queues.schema import DELIVERY_HASH, MESSAGE_TYPE, OFFSET, PARTITION
 
 
@@ -114,5 +114,5 @@ def read_queue_rows(name: str, queue: Queue | None, processors: Iterable[str]) -
     versions = {p: dt.transaction_version(proc_app_id(p)) for p in processors}
     return QueueRows(
         name, True, hash_runs(table, with_processor), versions, unhashed=unhashed_runs(table),
-        starts=starts_of(queue, dt),  # the same snapshot as the rows
+        starts=start_offsets(queue, snapshot=dt),  # the same snapshot as the rows
     )
