@@ -77,13 +77,18 @@ class Expectation:
     redeploys: tuple[dict, ...] = ()  # the redeploy nemesis's records (workload.REDEPLOY_LOG)
     time_records: tuple[dict, ...] = ()  # the time nemesis's records (workload.TIME_LOG)
     run_dir: Path | None = None  # the runners' logs (the time nemesis's timing check reads them)
+    # acknowledged key -> (input queue, partition, offset), from the feeders' AppendResult ranges
+    offsets: Mapping[str, tuple[str, str, int]] = field(default_factory=dict)
+    # (partition, offset, key) of every row of merged the lagging (non-expendable) tailer read
+    merged_read: tuple[tuple[str, int, str], ...] = ()
 
     @classmethod
     def from_run(cls, plan: w.Plan, run_dir: str | Path) -> Expectation:
         return cls(acked=frozenset(w.acked_keys(plan, run_dir)), aborted_keys=plan.aborted_keys,
                    known_keys=plan.all_keys, partition_of=plan.partition_of,
                    redeploys=tuple(w.read_redeploys(run_dir)),
-                   time_records=tuple(w.read_time_log(run_dir)), run_dir=Path(run_dir))
+                   time_records=tuple(w.read_time_log(run_dir)), run_dir=Path(run_dir),
+                   offsets=w.acked_offsets(plan, run_dir), merged_read=tuple(w.read_lagging(run_dir)))
 
 
 @dataclass
@@ -135,52 +140,23 @@ def _open(path: Path) -> DeltaTable | None:
     return DeltaTable(str(path)) if _is_table(path) else None
 
 
-RETENTION_METADATA = "cues.retention"  # a retention delete's commit metadata: {partition: [old, new]}
-
-
 def _read(path: Path, columns: list[str] | None = None) -> pa.Table | None:
-    """Every row the table ever held: the current snapshot's rows plus, for each retention delete
-    (a commit whose metadata ``cues.retention`` says partition p's start moved from a to b),
-    the rows ``[a, b)`` of p read from the version just before it (their files stay on disk
-    until vacuum's retention, 24 h real, passes). So every check sees the whole history; the
-    time nemesis's ``retention`` check says what was removed."""
+    """The rows the table holds now (the current snapshot). Rows a retention delete removed are
+    gone: the checker never reads them back from older versions (a real deployment's log
+    retention trims those), it proves them from what a deployment keeps (``Expectation``)."""
     dt = _open(path)
     if dt is None:
         return None
     names = set(pa.schema(dt.schema()).names)
     wanted = None if columns is None else [c for c in columns if c in names]
-    current = dt.to_pyarrow_table(columns=wanted)
-    removed = retained_away_rows(path, dt, wanted)
-    return current if removed is None else pa.concat_tables([removed, current])
+    return dt.to_pyarrow_table(columns=wanted)
 
 
-def retention_moves(dt: DeltaTable) -> list[tuple[int, str, int, int]]:
-    """(version, partition, old start, new start) of every retention delete in the log."""
-    out = []
-    for commit in dt.history():
-        moved = commit.get(RETENTION_METADATA)
-        if moved:
-            for part, (old, new) in json.loads(moved).items():
-                out.append((int(commit["version"]), part, int(old), int(new)))
-    return sorted(out)
-
-
-def retained_away_rows(path: Path, dt: DeltaTable, columns: list[str] | None) -> pa.Table | None:
-    import pyarrow.compute as pc
-
-    moves = retention_moves(dt)
-    if not moves:
-        return None
-    extra = [c for c in ("_partition", "_offset") if columns is not None and c not in columns]
-    pieces = []
-    for version, part, old, new in moves:
-        before = DeltaTable(str(path), version=version - 1)
-        table = before.to_pyarrow_table(columns=None if columns is None else [*columns, *extra])
-        keep = pc.and_(pc.equal(table["_partition"], part),
-                       pc.and_(pc.greater_equal(table["_offset"], old), pc.less(table["_offset"], new)))
-        table = table.filter(keep)
-        pieces.append(table.drop_columns(extra) if extra else table)
-    return pa.concat_tables(pieces)
+def start_offset(dt: DeltaTable, partition: str) -> int:
+    """The partition's start offset: the app transaction ``start:{partition}`` (0 when absent);
+    rows below it were removed by retention on purpose."""
+    v = dt.transaction_version(f"start:{partition}")
+    return 0 if v is None else int(v)
 
 
 def footprint(path: Path) -> dict:
@@ -254,28 +230,37 @@ def decisions(root: Path, result: CheckResult) -> dict[str, int]:
 
 
 def visible_keys(root: Path, queue: str, decided: dict[str, int],
-                 result: CheckResult) -> tuple[list[str], list[str]]:
-    """(visible keys, hidden keys) of an input queue under read_committed, checking each
-    transaction's queue marker against the coordinator."""
+                 result: CheckResult) -> tuple[dict[tuple[str, int], str], list[str]]:
+    """({(partition, offset): key} of the visible rows, hidden keys) of an input queue under
+    read_committed (what is left of it above its start offsets), checking each transaction's
+    queue marker against the coordinator."""
     path = _key_queue(root, queue)
     dt = _open(path)
     if dt is None:
-        return [], []
-    table = _read(path, ["key", "_txn_id"])
+        return {}, []
+    table = _read(path, ["key", "_txn_id", "_partition", "_offset"])
     txns = table["_txn_id"].to_pylist() if "_txn_id" in table.column_names else [None] * table.num_rows
     for txn in sorted({t for t in txns if t is not None}):
         marker = dt.transaction_version(f"txn:{txn}")
         if marker is not None and int(marker) in (COMMITTED, ABORTED) and int(marker) != decided.get(txn):
             result.fail(f"queue {queue}: marker of transaction {txn} says {int(marker)} but the "
                         f"coordinator says {decided.get(txn, 'undecided')}")
-    visible, hidden = [], []
-    for key, txn in zip(table["key"].to_pylist(), txns, strict=True):
-        (visible if txn is None or decided.get(txn) == COMMITTED else hidden).append(key)
+    visible: dict[tuple[str, int], str] = {}
+    hidden: list[str] = []
+    where = zip(table["_partition"].to_pylist(), table["_offset"].to_pylist(), strict=True)
+    for key, txn, at in zip(table["key"].to_pylist(), txns, where, strict=True):
+        if txn is None or decided.get(txn) == COMMITTED:
+            visible[at] = key
+        else:
+            hidden.append(key)
     return visible, hidden
 
 
 # -- the checks ------------------------------------------------------------------------------------
-def check_dense_offsets(root: Path) -> CheckResult:
+def check_dense_offsets(root: Path, expectation: Expectation) -> CheckResult:
+    """Every partition holds exactly the offsets ``[start, next)`` (start: ``start:{p}``, 0 when
+    absent; next: ``part:{p}``), no gap, no duplicate. Rows of ``merged`` below its start must
+    have been read by the lagging tailer (``Expectation.merged_read``), which proves them."""
     result = CheckResult("dense_offsets")
     for path in [*_tables_under(root / "queues"), *_tables_under(root / "_cues" / "backing")]:
         table = _read(path, ["_partition", "_offset"])
@@ -285,28 +270,71 @@ def check_dense_offsets(root: Path) -> CheckResult:
         by_part: dict[str, list[int]] = {}
         for part, off in zip(table["_partition"].to_pylist(), table["_offset"].to_pylist(), strict=True):
             by_part.setdefault(part, []).append(off)
-        for part, offsets in sorted(by_part.items()):
+        parts = set(by_part) | {p for p in w.PARTITIONS if dt.transaction_version(f"part:{p}") is not None}
+        for part in sorted(parts):
+            offsets = by_part.get(part, [])
             result.checked += 1
             where = f"{path.parent.name}/{path.name} partition {part!r}"
+            first = start_offset(dt, part)
+            declared = dt.transaction_version(f"part:{part}")
             counts = Counter(offsets)
+            end = first + len(counts)
             dups = sorted(o for o, c in counts.items() if c > 1)
-            missing = sorted(set(range(len(counts))) - set(counts)) if counts else []
-            beyond = sorted(o for o in counts if o >= len(counts) or o < 0)
+            missing = sorted(set(range(first, end)) - set(counts))
+            beyond = sorted(o for o in counts if o >= end or o < first)
             if dups:
                 result.fail(f"{where}: duplicate offsets {dups[:5]} ({len(dups)} in all)")
             if missing or beyond:
-                result.fail(f"{where}: offsets are not 0..{len(counts) - 1}: missing {missing[:5]}, "
-                            f"out of range {beyond[:5]}")
-            declared = dt.transaction_version(f"part:{part}")
-            if declared is not None and int(declared) != max(counts) + 1:
+                result.fail(f"{where}: offsets are not {first}..{end - 1}" + (f" (start {first})" if first else "")
+                            + f": missing {missing[:5]}, out of range {beyond[:5]}")
+            if declared is not None and int(declared) != (max(counts) + 1 if counts else first):
                 result.fail(f"{where}: the log says next offset {int(declared)} but the files hold "
-                            f"offsets up to {max(counts)}")
+                            + (f"offsets up to {max(counts)}" if counts else f"no row from start {first}"))
+            if first and path.parent.name == "queues" and path.name == w.MERGED:
+                read = {o for p, o, _ in expectation.merged_read if p == part}
+                unproven = sorted(set(range(first)) - read)
+                if unproven:
+                    result.fail(f"{where}: retention removed offsets below {first} that the lagging "
+                                f"tailer never read: {unproven[:5]} ({len(unproven)} in all)")
     return result
+
+
+def merged_history(root: Path, expectation: Expectation, result: CheckResult) -> pa.Table | None:
+    """Every row ``merged`` ever held (key, partition, offset): what is left, plus what the lagging
+    tailer read below it (a row read twice, or read with another key than the one still there, is
+    a violation)."""
+    table = _read(_key_queue(root, w.MERGED), ["key", "_partition", "_offset"])
+    if table is None or not expectation.merged_read:
+        return table
+    seen: dict[tuple[str, int], str] = dict(zip(
+        zip(table["_partition"].to_pylist(), table["_offset"].to_pylist(), strict=True),
+        table["key"].to_pylist(), strict=True))
+    extra: dict[tuple[str, int], str] = {}
+    for part, off, key in expectation.merged_read:
+        result.checked += 1
+        had = seen.get((part, off), extra.get((part, off)))
+        if had is not None and had != key:
+            result.fail(f"merged partition {part!r} offset {off}: the lagging tailer read key {key}, "
+                        f"the queue holds (or it read before) {had}")
+        elif had is None:
+            extra[(part, off)] = key
+    if not extra:
+        return table
+    more = pa.table({"key": pa.array([k for k in extra.values()], pa.string()),
+                     "_partition": pa.array([p for p, _ in extra], pa.string()),
+                     "_offset": pa.array([o for _, o in extra], pa.int64())})
+    return pa.concat_tables([more, table.select(["key", "_partition", "_offset"]).cast(more.schema)])
 
 
 def _bag(root: Path, queue: str) -> Counter[str]:
     table = _read(_key_queue(root, queue), ["key"])
     return Counter() if table is None else Counter(table["key"].to_pylist())
+
+
+def _retained(root: Path, queue: str) -> bool:
+    """True when retention moved the start of some partition of ``queue``."""
+    dt = _open(_key_queue(root, queue))
+    return dt is not None and any(start_offset(dt, p) for p in w.PARTITIONS)
 
 
 def _sink_table(root: Path) -> pa.Table | None:
@@ -318,9 +346,9 @@ def _error_rows(root: Path) -> list[dict]:
     return [] if table is None else table.to_pylist()
 
 
-def _keys_by_offset(root: Path, queue: str) -> dict[tuple[str, int], str]:
+def _keys_by_offset(root: Path, queue: str, table: pa.Table | None = None) -> dict[tuple[str, int], str]:
     """(partition, offset) -> key of every row of ``queue`` (an offset is per partition)."""
-    table = _read(_key_queue(root, queue), ["key", "_partition", "_offset"])
+    table = _read(_key_queue(root, queue), ["key", "_partition", "_offset"]) if table is None else table
     if table is None:
         return {}
     return dict(zip(zip(table["_partition"].to_pylist(), table["_offset"].to_pylist(), strict=True),
@@ -452,40 +480,68 @@ def check_lake(root: str | Path, expectation: Expectation) -> CheckReport:
     root = Path(root)
     rc = CheckResult("read_committed")
     decided = decisions(root, rc)
-    visible: list[str] = []
+    present: dict[str, dict[tuple[str, int], str]] = {}
     hidden: list[str] = []
+    starts: dict[tuple[str, str], int] = {}
     for queue in (w.SRC_IDEM, w.SRC_TXN):
-        v, h = visible_keys(root, queue, decided, rc)
-        visible += v
+        present[queue], h = visible_keys(root, queue, decided, rc)
         hidden += h
-    in_bag = Counter(visible)
-    visible_set = set(in_bag)
+        dt = _open(_key_queue(root, queue))
+        for p in w.PARTITIONS:
+            starts[(queue, p)] = 0 if dt is None else start_offset(dt, p)
+    in_bag = Counter(k for rows in present.values() for k in rows.values())
+    once = CheckResult("exactly_once")
+    merged = merged_history(root, expectation, once)
+    merged_bag = Counter() if merged is None else Counter(merged["key"].to_pylist())
 
-    # 2. read_committed
-    for key in sorted(visible_set & expectation.aborted_keys):
-        rc.fail(f"key {key} of a transaction the feeder aborted is visible read_committed")
-    invisible = (set(hidden) | set(expectation.aborted_keys)) - visible_set
-    downstream = {q: _bag(root, q) for q in (w.MERGED, w.VALIDATED, w.LEFT, w.RIGHT, w.ENRICHED)}
-    sink = _sink_table(root)
-    downstream["sink"] = Counter() if sink is None else Counter(sink["key"].to_pylist())
-    for where, bag in downstream.items():
-        rc.checked += len(bag)
-        for key in sorted(set(bag) & invisible):
-            rc.fail(f"{where}: key {key} of an aborted/undecided transaction was processed")
-
-    # 3. acknowledged
+    # 3. acknowledged: above its partition's start an acknowledged key is where its send put it;
+    # below it, retention removed it, which is right only if every reader had read it (merged has it)
     ack = CheckResult("acknowledged", checked=len(expectation.acked) + len(in_bag))
-    for key in sorted(expectation.acked - visible_set):
-        ack.fail(f"acknowledged key {key} is not visible in the inputs (lost)")
+    retained_acked = 0
+    for key in sorted(expectation.acked):
+        where = expectation.offsets.get(key)
+        if where is None:
+            if key not in in_bag and key not in merged_bag:
+                ack.fail(f"acknowledged key {key} is not visible in the inputs nor in merged (lost)")
+            continue
+        queue, part, off = where
+        start = starts.get((queue, part), 0)
+        if off >= start:
+            got = present[queue].get((part, off))
+            if got != key:
+                ack.fail(f"acknowledged key {key} (sent to {queue}/{part} offset {off}, at or above the "
+                         f"start {start}) is not there (found {got!r}): lost")
+        else:
+            retained_acked += 1
+            if key not in merged_bag:
+                ack.fail(f"acknowledged key {key} at {queue}/{part} offset {off} was retained away "
+                         f"(start {start}) before merge read it: not in merged")
     for key, n in sorted(in_bag.items()):
         if n > 1:
             ack.fail(f"input key {key} is visible {n} times")
         if key not in expectation.known_keys:
             ack.fail(f"input key {key} is not a key of the plan")
+    visible_set = set(in_bag) | {k for k in merged_bag if k in expectation.known_keys}
+
+    # 2. read_committed
+    for key in sorted(visible_set & expectation.aborted_keys):
+        rc.fail(f"key {key} of a transaction the feeder aborted is visible read_committed")
+    invisible = (set(hidden) | set(expectation.aborted_keys)) - visible_set
+    downstream = {q: _bag(root, q) for q in (w.VALIDATED, w.LEFT, w.RIGHT, w.ENRICHED)}
+    downstream[w.MERGED] = merged_bag
+    sink = _sink_table(root)
+    downstream["sink"] = Counter() if sink is None else Counter(sink["key"].to_pylist())
+    if expectation.time_records:
+        downstream[w.MONTHLY_OUT] = _bag(root, w.MONTHLY_OUT)
+    for where, bag in downstream.items():
+        rc.checked += len(bag)
+        for key in sorted(set(bag) & invisible):
+            rc.fail(f"{where}: key {key} of an aborted/undecided transaction was processed")
 
     # 5. error rows (and which keys they cover)
     err = CheckResult("error_rows")
-    at = {q: _keys_by_offset(root, q) for q in (w.SRC_IDEM, w.SRC_TXN, w.MERGED, w.VALIDATED, w.LEFT, w.RIGHT)}
+    at = {q: _keys_by_offset(root, q) for q in (w.SRC_IDEM, w.SRC_TXN, w.VALIDATED, w.LEFT, w.RIGHT)}
+    at[w.MERGED] = _keys_by_offset(root, w.MERGED, merged)
     covered: Counter[str] = Counter()  # keys rejected legitimately, with their batch
     lost_to: dict[str, str] = {}  # key -> the illegitimate error row that swallowed its batch
     error_rows = _error_rows(root)
@@ -510,22 +566,29 @@ def check_lake(root: str | Path, expectation: Expectation) -> CheckReport:
             err.fail(f"{what}: its input range holds no key the user's rule rejects ({len(keys)} keys)")
         covered.update(keys)
 
-    # 4. exactly once downstream
-    once = CheckResult("exactly_once", checked=len(visible_set))
-    for key in sorted(visible_set | set(downstream[w.MERGED])):
-        n = downstream[w.MERGED][key]
+    # 4. exactly once downstream: merged (whole history) and the outputs nobody retains (the sink,
+    # monthly_out under --time) exactly; a queue retention moved, in what is left of it: at most once
+    once.checked += len(visible_set)
+    for key in sorted(visible_set | set(merged_bag)):
+        n = merged_bag[key]
         if n != 1:
             why = f" (its batch went to the {lost_to[key]})" if key in lost_to else ""
             once.fail(f"merged: key {key} is there {n} times (expected once){why}")
+        if key not in visible_set and key not in expectation.aborted_keys:  # aborted: read_committed's
+            once.fail(f"merged: key {key} is no visible input key of the plan")
     errored = {k for k, n in covered.items() if n}
     for key, n in sorted(covered.items()):
         if n > 1:
             once.fail(f"errors: key {key} is in {n} error rows (expected one)")
-    for where in (w.VALIDATED, w.LEFT, w.RIGHT, w.ENRICHED, "sink"):
+    exact = [where for where in downstream if where != w.MERGED]
+    for where in exact:
         bag = downstream[where]
+        partial = where in (w.VALIDATED, w.LEFT, w.RIGHT, w.ENRICHED) and _retained(root, where)
         for key in sorted(visible_set | set(bag)):
             n, expected = bag[key], 0 if key in errored else 1
-            if n == expected:
+            if n == expected or (partial and n == 0):
+                if key not in visible_set and key not in expectation.aborted_keys and n:
+                    once.fail(f"{where}: key {key} is no visible input key of the plan")
                 continue
             if key in errored:
                 once.fail(f"{where}: key {key} is both in an error row and delivered ({n}x)")
@@ -551,17 +614,19 @@ def check_lake(root: str | Path, expectation: Expectation) -> CheckReport:
                 sink_check.fail(f"sink effect of key {key} applied {n} times")
 
     counts = {"acked_keys": len(expectation.acked), "visible_input_keys": len(visible_set),
+              "input_keys_left": len(in_bag), "acked_keys_retained_away": retained_acked,
+              "merged_rows_proven_by_the_lagging_tailer": sum(merged_bag.values()) - sum(_bag(root, w.MERGED).values()),
               "hidden_input_rows": len(hidden), "transactions_decided": len(decided),
               "error_rows": err.checked, "keys_in_error_rows": len(errored),
               "enriched_rows": sum(downstream[w.ENRICHED].values()),
               "sink_rows": 0 if sink is None else sink.num_rows}
     lanes = check_lanes(root, expectation, sink, error_rows)
-    checks = [check_dense_offsets(root), rc, ack, once, err, sink_check, lanes,
+    checks = [check_dense_offsets(root, expectation), rc, ack, once, err, sink_check, lanes,
               check_redeploy(root, expectation)]
     if expectation.time_records:
         from cues_platform.jepsen.timecheck import check_time
 
-        checks += check_time(root, expectation, downstream[w.ENRICHED], counts)
+        checks += check_time(root, expectation, visible_set - errored, counts)
     return CheckReport(checks=checks, counts=counts)
 
 

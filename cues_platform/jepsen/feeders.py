@@ -70,8 +70,17 @@ def run_idem(*, lake: Lake, run_dir: Path, plan: w.Plan, index: int, lost_ack_ra
                     "feeder": name, "batch": b, "first": {p: list(r) for p, r in result.ranges.items()},
                     "resend": {p: list(r) for p, r in again.ranges.items()},
                     "duplicate": again.duplicate}))
+        _log_ranges(run_dir, name, b, result.ranges)
         _append_line(log, str(b))
         time.sleep(pace)
+
+
+def _log_ranges(run_dir: Path, feeder: str, batch: int, ranges) -> None:
+    """Where an acknowledged batch landed (``{partition: [first, end)}``, from the send's
+    ``AppendResult``), logged before its ack line: the checker tells an acknowledged key that
+    retention removed (below the partition's start offset) from one that is lost (at or above)."""
+    _append_line(run_dir / w.ranges_log_name(feeder), json.dumps(
+        {"batch": batch, "ranges": {p: [int(a), int(b)] for p, (a, b) in dict(ranges).items()}}))
 
 
 class LostAckError(Exception):
@@ -112,7 +121,7 @@ def run_txn(*, lake: Lake, run_dir: Path, plan: w.Plan, pace: float, resend_in_t
             try:
                 first = txp.send(src, data, partition=part)
             except LostAckError:
-                again = txp.send(src, data, partition=part)
+                again = sent = txp.send(src, data, partition=part)
                 if not again.duplicate:
                     _append_line(run_dir / ANOMALIES_LOG, json.dumps({
                         "feeder": "txn", "txn": t, "resend": {p: list(r) for p, r in again.ranges.items()},
@@ -120,12 +129,13 @@ def run_txn(*, lake: Lake, run_dir: Path, plan: w.Plan, pace: float, resend_in_t
             else:
                 raise RuntimeError(f"txn {t}: the injected lost acknowledgement did not fire ({first})")
         else:
-            txp.send(src, data, partition=part)
+            sent = txp.send(src, data, partition=part)
         txp.send(progress, {"feeder": ["txn"], "txn": [t]}, partition=w.PROGRESS_PARTITION)
         if plan.aborted(t):
             txp.abort()
         else:
             txp.commit()
+            _log_ranges(run_dir, "txn", t, sent.ranges)
             _append_line(log, str(t))
         time.sleep(pace)
 

@@ -191,6 +191,36 @@ def ack_log_name(feeder: str) -> str:
     return f"acked-{feeder}.log"
 
 
+def ranges_log_name(feeder: str) -> str:
+    """Where a feeder logs the offsets of each acknowledged batch (JSON lines)."""
+    return f"ranges-{feeder}.jsonl"
+
+
+def acked_offsets(plan: Plan, run_dir) -> dict[str, tuple[str, str, int]]:
+    """Acknowledged key -> (input queue, partition, offset), from the feeders' ranges logs (a
+    batch's keys are at ``first``, ``first + 1``, ... in plan order). A key whose range was not
+    logged (the transactional feeder killed between commit and log) is absent."""
+    import json
+    from pathlib import Path
+
+    out: dict[str, tuple[str, str, int]] = {}
+    logs = [(f"idem{f}", SRC_IDEM, batches) for f, batches in enumerate(plan.idem_batches)]
+    logs.append(("txn", SRC_TXN, plan.txn_batches))
+    for feeder, queue, batches in logs:
+        try:
+            text = (Path(run_dir) / ranges_log_name(feeder)).read_text()
+        except FileNotFoundError:
+            continue
+        for line in text.split("\n")[:-1]:
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            for part, (first, _end) in rec["ranges"].items():
+                for i, key in enumerate(batches[rec["batch"]]):
+                    out[key] = (queue, part, first + i)
+    return out
+
+
 def read_acked(path) -> list[int]:
     """Batch (or transaction) numbers a feeder logged as acknowledged. A line without its newline
     was cut by a kill: it does not count."""
@@ -315,6 +345,21 @@ MONTHLY_LANES = tuple(lane_id(MONTHLY, part) for part in PARTITIONS)
 DEAD_PARTITION = PARTITIONS[0]  # where the dead transactions send (src_t)
 DEAD_KEYS = 5
 TIME_LOG = "time.jsonl"  # the time nemesis's records (clock samples, footprints, reads, dead txns)
+LAGGING_LOG = "lagging-merged.jsonl"  # every (partition, offset, key) the lagging tailer read of merged
+
+
+def read_lagging(run_dir) -> list[tuple[str, int, str]]:
+    """(partition, offset, key) of every row of ``merged`` the lagging tailer read (a
+    non-expendable reader, so retention never removed a row before it read it); a row read
+    twice (a read repeated after a failed commit) is there twice."""
+    import json
+    from pathlib import Path
+
+    try:
+        text = (Path(run_dir) / LAGGING_LOG).read_text()
+    except FileNotFoundError:
+        return []
+    return [(p, int(o), k) for p, o, k in (json.loads(line) for line in text.split("\n")[:-1] if line.strip())]
 
 
 def dead_key(index: int, j: int) -> str:

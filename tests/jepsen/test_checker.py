@@ -110,7 +110,7 @@ def test_a_platform_error_row_swallows_a_batch(hand_lake):
 def test_a_missing_acknowledged_key(hand_lake):
     hand_lake.acked.add(w.idem_key(0, 10))  # acknowledged to the feeder, never stored
     assert failing(hand_lake) == {"acknowledged": [
-        f"acknowledged key {w.idem_key(0, 10)} is not visible in the inputs (lost)"]}
+        f"acknowledged key {w.idem_key(0, 10)} is not visible in the inputs nor in merged (lost)"]}
 
 
 def test_a_key_missing_downstream(hand_lake):
@@ -274,13 +274,59 @@ def _retention_delete(root, queue: str, *, partition: str, below: int) -> None:
         custom_metadata={"cues.retention": json.dumps({partition: [0, below]})}))
 
 
-def test_rows_retention_removed_are_read_from_the_version_before_the_delete(hand_lake):
+def _retained_expectation(hand_lake, *, lagging_below: int):
+    """The healthy lake's expectation as a --time run knows it: where each acknowledged key of
+    src_a was sent (the feeders' AppendResult ranges) and the rows of merged partition "0" the
+    lagging tailer read below ``lagging_below``."""
+    import dataclasses
+
+    e = hand_lake.expectation()
+    offsets = {k: (w.SRC_IDEM, "0", i) for i, k in enumerate(IDEM)}
+    read = tuple(("0", i, k) for i, k in enumerate((IDEM + TXN_OK)[:lagging_below]))
+    return dataclasses.replace(e, offsets=offsets, merged_read=read)
+
+
+def test_rows_retention_removed_are_proven_by_the_send_offsets_and_the_lagging_tailer(hand_lake):
     root = hand_lake.write()
-    for queue in (w.SRC_IDEM, w.MERGED, w.ENRICHED):
+    for queue in (w.SRC_IDEM, w.MERGED, w.VALIDATED, w.LEFT, w.ENRICHED):
         _retention_delete(root, queue, partition="0", below=5)
-    report = check_lake(root, hand_lake.expectation())
+    report = check_lake(root, _retained_expectation(hand_lake, lagging_below=5))
     assert report.ok, report.to_dict()  # every key is still accounted for, once
-    assert report.counts["visible_input_keys"] == 12 and report.counts["enriched_rows"] == 8
+    assert report.counts["visible_input_keys"] == 12 and report.counts["acked_keys_retained_away"] == 5
+    assert report.counts["merged_rows_proven_by_the_lagging_tailer"] == 5
+
+
+def test_an_acknowledged_key_at_or_above_the_start_that_is_gone_is_lost(hand_lake):
+    from deltalake import DeltaTable
+
+    root = hand_lake.write()
+    _retention_delete(root, w.SRC_IDEM, partition="0", below=3)
+    DeltaTable(str(root / "queues" / w.SRC_IDEM)).delete("_offset = 4")  # not retention's doing
+    got = check_lake(root, _retained_expectation(hand_lake, lagging_below=0))
+    assert f"acknowledged key {IDEM[4]} (sent to src_a/0 offset 4, at or above the start 3) is not there " \
+           "(found None): lost" in got.check("acknowledged").violations
+
+
+def test_rows_of_merged_retained_away_before_the_lagging_tailer_read_them(hand_lake):
+    root = hand_lake.write()
+    _retention_delete(root, w.MERGED, partition="0", below=5)
+    report = check_lake(root, _retained_expectation(hand_lake, lagging_below=3))
+    assert "queues/merged partition '0': retention removed offsets below 5 that the lagging tailer never " \
+           "read: [3, 4] (2 in all)" in report.check("dense_offsets").violations
+    assert f"merged: key {(IDEM + TXN_OK)[3]} is there 0 times (expected once)" in report.check(
+        "exactly_once").violations
+
+
+def test_an_acknowledged_key_retained_away_before_merge_read_it(hand_lake):
+    root = hand_lake.write()
+    hand_lake_e = _retained_expectation(hand_lake, lagging_below=0)
+    from deltalake import DeltaTable
+
+    DeltaTable(str(root / "queues" / w.MERGED)).delete(f"key = '{IDEM[1]}'")  # merge never had it
+    _retention_delete(root, w.SRC_IDEM, partition="0", below=5)
+    got = check_lake(root, hand_lake_e).check("acknowledged").violations
+    assert got == [f"acknowledged key {IDEM[1]} at src_a/0 offset 1 was retained away (start 5) before "
+                   "merge read it: not in merged"]
 
 
 def test_rows_deleted_without_a_retention_record_are_lost(hand_lake):
