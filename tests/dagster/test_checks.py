@@ -135,18 +135,24 @@ def test_validate_contract_on_pandas_and_spark(spark) -> None:
 
 def test_contract_failures_count_rows_and_checks_not_columns_and_are_not_capped() -> None:
     """A row-level check that pandera reports once per column counts once per row; a whole-frame
-    check counts each failing row; counts cover every case, not only the MAX_LISTED listed."""
+    check counts each failing row; a row failing two checks is one failing row but two failures
+    (per (row, check)); counts cover every case, not only the MAX_LISTED listed."""
     import pandera.pandas as pap
 
     wide = pap.DataFrameSchema(
         {"id": pap.Column("int64"), "amount": pap.Column("int64")},
         checks=[pap.Check(lambda df: df > 0, name="all_positive"),
                 pap.Check(lambda df: df["id"] != 5, name="not_five")])
+    # row 0 passes; rows 1 and 3 fail all_positive; row 2 fails all_positive (its amount) AND
+    # not_five: one failing row, two (row, check) failures. pandera reports not_five once per column
     rows = pa.table({"id": pa.array([1, -1, 5, -2], pa.int64()),
-                     "amount": pa.array([1, -3, 2, -4], pa.int64())})
+                     "amount": pa.array([1, -3, -2, -4], pa.int64())})
     passed, failures = validate_contract(wide, rows)
     assert not passed
-    assert failure_counts(failures) == {"failures": 3, "failing_rows": 3}  # rows 1, 3 and 2
+    assert len(failures) == 5  # cases as pandera reports them: 5 cases, 4 (row, check), 3 rows
+    assert {(f["index"], f["check"]) for f in failures} == {
+        ("1", "all_positive"), ("2", "all_positive"), ("3", "all_positive"), ("2", "not_five")}
+    assert failure_counts(failures) == {"failures": 4, "failing_rows": 3}
 
     many = pa.table({"id": pa.array([-i for i in range(1, MAX_LISTED + 6)], pa.int64()),
                      "note": ["x"] * (MAX_LISTED + 5)})
