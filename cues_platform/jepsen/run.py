@@ -37,6 +37,19 @@ from cues_platform.jepsen.checker import CheckReport, Expectation, check_lake, f
 from cues_platform.jepsen.nemesis import GRAPH_REF, Background, Nemesis, Stats
 
 MAX_EXTRA_FAULT_SECONDS = 180.0
+CALM_S = 30.0  # --time: the most real seconds a fresh runner is left alone to recover and go idle
+
+
+def calm(nemesis: Nemesis, deadline: float) -> None:
+    """Keep a runner going until it recovered every lane and reported a pass with no work
+    (``idle``), or ``deadline``: under ``--time`` the faults leave the graph time to step, so step
+    and recovery times are sampled all year long (Spark alone takes 5-50 s to start here)."""
+    while time.monotonic() < deadline:
+        nemesis.tend()
+        runner = nemesis.runners[-1] if nemesis.runners else None
+        if runner is not None and any(e.get("event") == "idle" for e in runner.events()):
+            return
+        time.sleep(0.25)
 
 
 @dataclass(frozen=True)
@@ -198,6 +211,8 @@ def run_harness(config: HarnessConfig, *, echo: Callable[[str], None] = print) -
                 nemesis.redeploy_now(act_until, incompatible_first=True)
             else:
                 nemesis.act(act_until)
+            if config.time:  # let a runner work between faults: a year of steps to time, not only starts
+                calm(nemesis, min(until, time.monotonic() + CALM_S))
         echo(f"jepsen seed {config.seed}: faults over ({sum(nemesis.stats.kills.values())} kills); healing")
         # Step 4 (maintenance and the tailer go on racing until the drain is over)
         deadline = time.monotonic() + config.drain_timeout

@@ -43,10 +43,13 @@ FACTOR = 1.5
 LIVE_ALLOWANCE = 256 * 1024  # bytes: a partition's files not yet compacted, row-group overhead
 CHECKPOINT_ALLOWANCE = 16 * 1024
 MAX_ENTRIES_SINCE_CHECKPOINT = 200  # 2 x delta.checkpointInterval (100)
+MAX_LOG_ENTRIES = 300  # log retention (platform clock) keeps the commits from the second-newest checkpoint on
+UNRETAINED = (w.ERRORS, w.MONTHLY_OUT, w.TXN_PROGRESS)  # no policy: their live bytes grow with the keys
 MAX_RATIO = 1.2
 STEADY_MONTHS = (2, 3)
 YEAR_END = 12
 MONTH_MS = 365 * 86_400_000 / 12
+STEP_GAP_MS = 5_000  # a lane's steps further apart than this were not back to back (a SIGSTOP, a poll)
 MOVED_QUEUES = (w.SRC_IDEM, w.EPHEMERAL)  # fed all year: retention must have moved their start
 
 
@@ -71,8 +74,9 @@ def _events(log: Path) -> list[dict]:
     return out
 
 
-def check_retention(root: Path, expectation: Expectation, enriched: Counter) -> CheckResult:
-    from cues_platform.jepsen.checker import CheckResult, _read
+def check_retention(root: Path, expectation: Expectation, delivered: set[str]) -> CheckResult:
+    """``delivered``: every visible input key no error row took (what ``enriched`` held, once)."""
+    from cues_platform.jepsen.checker import CheckResult, _read, start_offset
 
     result = CheckResult("retention")
     for queue in MOVED_QUEUES:
@@ -81,13 +85,23 @@ def check_retention(root: Path, expectation: Expectation, enriched: Counter) -> 
                                                        else (w.PROGRESS_PARTITION,))}
         if not any(starts.values()):
             result.fail(f"{queue}: retention never moved a start offset in a year ({starts})")
+    # the monthly lane (a registered reader of enriched, one step a month) delivered every key of
+    # its input once: monthly_out keeps every row (no policy) and holds as many rows as enriched
+    # ever did, partition by partition
     monthly = _read(root / "queues" / w.MONTHLY_OUT, ["key"])
     got = Counter() if monthly is None else Counter(monthly["key"].to_pylist())
-    result.checked += len(enriched)
-    for key in sorted(set(enriched) | set(got)):
-        if got[key] != enriched[key]:
-            result.fail(f"{w.MONTHLY_OUT}: key {key} is there {got[key]} times, {w.ENRICHED} held it "
-                        f"{enriched[key]} times: the monthly lane lost or repeated what it needed")
+    result.checked += len(delivered)
+    for key in sorted(delivered | set(got)):
+        if got[key] != (1 if key in delivered else 0):
+            result.fail(f"{w.MONTHLY_OUT}: key {key} is there {got[key]} times, expected "
+                        f"{1 if key in delivered else 0}: the monthly lane lost or repeated what it needed")
+    out_dt, in_dt = DeltaTable(str(root / "queues" / w.MONTHLY_OUT)), DeltaTable(str(root / "queues" / w.ENRICHED))
+    for part in w.PARTITIONS:
+        result.checked += 1
+        n_out, n_in = out_dt.transaction_version(f"part:{part}"), in_dt.transaction_version(f"part:{part}")
+        if start_offset(out_dt, part) or (n_out or 0) != (n_in or 0):
+            result.fail(f"{w.MONTHLY_OUT}/{part}: start {start_offset(out_dt, part)}, {n_out} rows; "
+                        f"{w.ENRICHED}/{part} held {n_in} (start {start_offset(in_dt, part)})")
     counts = next(iter(_records(expectation, "counts")), None)
     if counts is None:
         result.fail("the time nemesis left no final counts (it did not finish)")
@@ -95,7 +109,9 @@ def check_retention(root: Path, expectation: Expectation, enriched: Counter) -> 
         for v in counts.get("violations", []):
             result.fail(v)
     lagging = next(iter(_records(expectation, "lagging")), None)
-    if lagging is not None:
+    if lagging is None:
+        result.fail("the lagging tailer left no final record")
+    else:
         dt = DeltaTable(str(root / "queues" / w.MERGED))
         for part, pos in lagging["position"].items():
             result.checked += 1
@@ -109,7 +125,7 @@ def check_retention(root: Path, expectation: Expectation, enriched: Counter) -> 
         if total != sum(expendable["position"].values()):
             result.fail(f"expendable tailer: read {expendable['read']} + retained away "
                         f"{expendable['retained_away']} != its positions {expendable['position']}")
-    if expectation.run_dir is not None:
+    if expectation.run_dir is not None:  # every process's log: runners (a failed step), feeders, ...
         for log in sorted((expectation.run_dir / "logs").glob("*.log")):
             result.checked += 1
             text = log.read_text(errors="replace")
@@ -139,7 +155,10 @@ def check_footprint(expectation: Expectation, counts: dict) -> CheckResult:
         base = [s[queue] for s in steady if "error" not in s.get(queue, {"error": 1})]
         if not base:
             continue
-        for what, allowance in (("live_bytes", LIVE_ALLOWANCE), ("checkpoint_bytes", CHECKPOINT_ALLOWANCE)):
+        bounded = (("checkpoint_bytes", CHECKPOINT_ALLOWANCE),) if queue in UNRETAINED else (
+            ("live_bytes", LIVE_ALLOWANCE), ("checkpoint_bytes", CHECKPOINT_ALLOWANCE))
+        counts[f"{queue}.live_bytes"] = fp["live_bytes"]
+        for what, allowance in bounded:
             result.checked += 1
             bound = FACTOR * max(b[what] for b in base) + allowance
             counts[f"{queue}.{what}"] = fp[what]
@@ -151,8 +170,12 @@ def check_footprint(expectation: Expectation, counts: dict) -> CheckResult:
         if fp["entries_since_checkpoint"] > MAX_ENTRIES_SINCE_CHECKPOINT:
             result.fail(f"{queue}: {fp['entries_since_checkpoint']} _delta_log entries since the newest "
                         f"checkpoint > {MAX_ENTRIES_SINCE_CHECKPOINT}")
+        result.checked += 1
+        if fp["log_entries"] > MAX_LOG_ENTRIES:
+            result.fail(f"{queue}: {fp['log_entries']} _delta_log entries after a year > {MAX_LOG_ENTRIES}")
         counts[f"{queue}.removed_bytes"] = fp["removed_bytes"]
         counts[f"{queue}.log_entries"] = fp["log_entries"]
+        counts[f"{queue}.entries_since_checkpoint"] = fp["entries_since_checkpoint"]
         counts[f"{queue}.checkpoint_app_transactions"] = fp.get("checkpoint_app_transactions")
     return result
 
@@ -195,11 +218,13 @@ def timing_samples(expectation: Expectation) -> tuple[dict[int, list[float]], di
                     m = month(ready)
                     if m is not None:
                         recovery.setdefault(m, []).append((_ts_ms(e) - ready) / 1000)
-            elif kind == "step" and log.name.startswith("monthly-"):
+            elif kind == "step":
+                # a lane's consecutive steps while its runner was busy (no idle pass between):
+                # the time of one pass of the runner over its lanes with work
                 lane, at = e.get("processor"), _ts_ms(e)
                 prev = last_step.get(lane)
                 m = month(at)
-                if prev is not None and m is not None and at - prev < 5_000:  # within one burst
+                if prev is not None and m is not None and at - prev < STEP_GAP_MS:
                     steps.setdefault(m, []).append((at - prev) / 1000)
                 last_step[lane] = at
             elif kind == "idle":
@@ -274,6 +299,6 @@ def check_dead(root: Path, expectation: Expectation, counts: dict) -> CheckResul
     return result
 
 
-def check_time(root: Path, expectation: Expectation, enriched: Counter, counts: dict) -> list[CheckResult]:
-    return [check_retention(root, expectation, enriched), check_footprint(expectation, counts),
+def check_time(root: Path, expectation: Expectation, delivered: set[str], counts: dict) -> list[CheckResult]:
+    return [check_retention(root, expectation, delivered), check_footprint(expectation, counts),
             check_timing(expectation, counts), check_dead(root, expectation, counts)]

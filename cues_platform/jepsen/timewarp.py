@@ -60,8 +60,14 @@ MONTH_S = YEAR_S / 12
 RETENTION_MS = 7 * DAY_MS
 EPHEMERAL_TXN_RETENTION = "interval 20 seconds"
 MONTHLY_REF = f"{GRAPH_FILE}:monthly"
-RETAINED_QUEUES = (*w.KEY_QUEUES, w.ERRORS, w.MONTHLY_OUT, w.EPHEMERAL)
-FOOTPRINT_QUEUES = (*RETAINED_QUEUES, w.TXN_PROGRESS)
+RETAINED_QUEUES = (*w.KEY_QUEUES, w.EPHEMERAL)
+# The outputs the checker treats as truth keep every row (no policy): the error queue (the
+# rejected keys' record) and monthly_out (every key of enriched, once); the progress queue is the
+# transactional feeder's own bookkeeping. Maintenance runs on them too (compaction, checkpoint,
+# vacuum), only retention has nothing to do.
+UNRETAINED_QUEUES = (w.ERRORS, w.MONTHLY_OUT, w.TXN_PROGRESS)
+MAINTAINED_QUEUES = (*RETAINED_QUEUES, w.ERRORS, w.MONTHLY_OUT)
+FOOTPRINT_QUEUES = (*RETAINED_QUEUES, *UNRETAINED_QUEUES)
 LAGGING_EVERY_DAYS = 10
 EXPENDABLE_EVERY_DAYS = 60
 EXPENDABLE_READ = 20
@@ -69,8 +75,8 @@ DEAD_EVERY_MONTHS = 3
 DEAD_TIMEOUT_REAL_S = 3.0  # a dead transaction's timeout, in real seconds of the run
 TXN_TIMEOUT_REAL_S = 60.0  # the txn feeder's timeout, in real seconds of the run
 WATCH_READ = 500
-MONTHLY_BURST_S = 120.0
-QUIET_S = 2.0  # real seconds without a step after which a resumed monthly runner has nothing to do  # the most real seconds a monthly burst may take before it is paused
+MONTHLY_BURST_S = 120.0  # the most real seconds a monthly burst may take before it is paused
+FINAL_BURST_S = 300.0  # the most real seconds the last burst (after the drain) may take
 
 
 def rate_of(year_seconds: float) -> float:
@@ -143,30 +149,32 @@ class TimeNemesis:
     def _idle_count(self) -> int:
         return self._count("idle")
 
+    def _ends(self, name: str) -> dict[str, int]:
+        from cues_platform.queues import Lake
+
+        q = Lake(root=str(self.lake_root)).queue(name)
+        return {p: q.next_offset(p) for p in w.PARTITIONS}
+
     def burst(self, deadline: float) -> bool:
-        """Resume the monthly runner until it stepped and reported idle again, or took no step
-        within ``QUIET_S`` (nothing to read; a restarted runner: once recovered), or
-        ``deadline``; pause it. A runner that died is restarted (its recovery is then part of the
-        burst)."""
+        """Resume the monthly runner until it caught up with ``enriched`` as it is at the burst's
+        start (``monthly_out``, a passthrough of it partition by partition, holds as many rows)
+        or ``deadline``; pause it. A runner that died is restarted (its recovery is then part of
+        the burst). True when it caught up."""
         assert self.monthly is not None
         if not self.monthly.alive:
             self.start_monthly()
-        before, steps = self._idle_count(), self._count("step")
+        target = self._ends(w.ENRICHED)
         self.monthly.signal(signal.SIGCONT)
-        ok, quiet_from = False, time.monotonic()
-        while time.monotonic() < deadline and self.monthly.alive:
-            if self._idle_count() > before:
+        ok = False
+        while time.monotonic() < deadline:
+            done = self._ends(w.MONTHLY_OUT)
+            if all(done[p] >= target[p] for p in target):
                 ok = True
                 break
-            stepped = self._count("step") > steps
-            live = self._count("recovered") >= len(w.MONTHLY_LANES) * self._count("spark_ready")
-            if not live:
-                quiet_from = time.monotonic()
-            elif not stepped and time.monotonic() - quiet_from > QUIET_S:
-                ok = True  # recovered, idle all along: nothing to read this month
-                break
+            if not self.monthly.alive:
+                self.start_monthly()
             with contextlib.suppress(subprocess.TimeoutExpired):
-                self.monthly.proc.wait(timeout=0.1)
+                self.monthly.proc.wait(timeout=0.2)
         if self.monthly.alive:
             self.monthly.signal(signal.SIGSTOP)
         return ok
@@ -185,7 +193,15 @@ class TimeNemesis:
         raise RuntimeError(f"the monthly runner did not become idle: {self.monthly.tail(1500)}")
 
     # -- threads ---------------------------------------------------------------------------------
+    def register_lagging(self) -> None:
+        """The lagging tailer commits its position (0) before the year starts: from then on it
+        holds merged's low-water mark, so retention never removes a row it has not read."""
+        self.lagging = self._tailers(w.MERGED, "lagging", expendable=False)
+        for t in self.lagging.values():
+            t.commit()
+
     def start(self) -> None:
+        self.register_lagging()
         self.t0 = time.monotonic()
         self.real0_ms = time.time_ns() // 1_000_000
         self.record(event="clock_start", real0_ms=self.real0_ms, platform0_ms=clock.now_ms(),
@@ -318,6 +334,10 @@ class TimeNemesis:
                                            f"{type(exc).__name__}: {exc}"[:400])
                     return
                 offsets = rows["_offset"].to_pylist()
+                if offsets:  # recorded before the commit: the checker proves merged's retained rows by it
+                    with self._lock, open(self.run_dir / w.LAGGING_LOG, "a") as f:
+                        f.writelines(json.dumps([part, o, k]) + "\n"
+                                     for o, k in zip(offsets, rows["key"].to_pylist(), strict=True))
                 if offsets != list(range(before, before + len(offsets))) or t.position != before + len(offsets):
                     self.violations.append(f"lagging tailer on {w.MERGED}/{part} read offsets "
                                            f"{offsets[:3]}..{offsets[-3:]} from {before} (to {t.position}): "
@@ -328,8 +348,7 @@ class TimeNemesis:
                 t.commit()
 
     def _lagging(self) -> None:
-        tailers = self._tailers(w.MERGED, "lagging", expendable=False)
-        self.lagging = tailers
+        tailers = self.lagging
         while not self.stop.wait(self.days(LAGGING_EVERY_DAYS)):
             self.catch_up_lagging(tailers)
 
@@ -385,7 +404,7 @@ class TimeNemesis:
         from cues_platform.queues import Lake
 
         lake = Lake(root=str(self.lake_root))
-        order = list(RETAINED_QUEUES)
+        order = list(MAINTAINED_QUEUES)
         i = 0
         while not self.stop.wait(0.2):
             name = order[i % len(order)]
@@ -419,8 +438,11 @@ class TimeNemesis:
         for child in self.dead.values():
             child.signal(signal.SIGKILL)
         if self.monthly is not None:
-            ok = self.burst(time.monotonic() + 300)
+            ok = self.burst(time.monotonic() + FINAL_BURST_S)
             self.record(event="monthly_burst", month="final", ok=ok, runner=self.monthly.name)
+            if not ok:
+                self.violations.append(f"the monthly lane did not catch up with {w.ENRICHED} within "
+                                       f"{FINAL_BURST_S:.0f} s after the drain: {self.monthly.tail(800)}")
             self.monthly.signal(signal.SIGCONT)
             self.nemesis.kill(self.monthly, signal.SIGTERM, "monthly runner SIGTERM (end)")
         lagging = getattr(self, "lagging", None) or self._tailers(w.MERGED, "lagging", expendable=False)
