@@ -4,6 +4,8 @@ exactly-once per partition through the runner, partitions added later included."
 from __future__ import annotations
 
 import tarfile
+import threading
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -137,27 +139,65 @@ def test_each_partition_is_processed_exactly_once_by_its_own_lane(spark, lake):
     assert "  step 2: reads orders/eu [8, 10)" in shown.output
 
 
+def wait_for(predicate, what: str, *, runner: GraphRunner, thread: threading.Thread,
+             failure: list[BaseException], timeout: float = 120) -> None:
+    """Polls ``predicate`` until it holds; fails at the deadline, or at once if the runner's
+    thread ended (its exception, if any, in the message)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert thread.is_alive(), f"the runner stopped before {what}: {failure!r}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        runner.stop_event.wait(0.05)  # returns at once if the runner was stopped
+
+
 def test_a_partition_added_later_gets_its_lane(spark, lake):
+    """A partition added while ``run()`` runs (in a thread of this process): the runner's own
+    periodic lane refresh (every ``lane_refresh`` seconds; 5 s by default) adds the lane, emits
+    ``lane_added`` once, the output queue gains the partition and the new rows are delivered
+    once; a restart over the declared graph finds the same lane and delivers nothing twice."""
     events: list[tuple[str, dict]] = []
-    runner = GraphRunner(graph=shop(), lake=lake, spark=spark,
+    runner = GraphRunner(graph=shop(), lake=lake, spark=spark, lane_refresh=0.5,
                          events=lambda event, fields: events.append((event, fields)))
     orders = lake.queue("orders")
     orders.append(rows(0, 3), partition="eu")
-    runner.run_until_idle()
-    assert not [e for e, _ in events if e.startswith("lane_")]
-    orders.add_partitions(["asia"])
-    orders.append(rows(500, 5), partition="asia")
-    runner.run_until_idle()
-    assert "enrich.asia" in runner.steppers
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            runner.run(show_progress=False, idle_exit=300)  # the bound if the test never stops it
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread, which fails on it
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name="runner", daemon=True)
+    thread.start()
+    try:
+        polls = {"runner": runner, "thread": thread, "failure": failure}
+        wait_for(lambda: any(e == "idle" for e, _ in events), "the first rows delivered", **polls)
+        assert ids(lake, "enriched", "eu") == [0, 2, 4]
+        assert "enrich.asia" not in runner.steppers and not [e for e, _ in events if e.startswith("lane_")]
+        orders.add_partitions(["asia"])  # while the runner runs: no call into it from here on
+        orders.append(rows(500, 5), partition="asia")
+        wait_for(lambda: any(e == "lane_added" for e, _ in events), "lane_added", **polls)
+        wait_for(lambda: "asia" in lake.queue("enriched").partitions
+                 and len(ids(lake, "enriched", "asia")) >= 5, "the rows of asia delivered", **polls)
+    finally:
+        runner.stop_event.set()
+        thread.join(timeout=120)
+    assert not thread.is_alive() and not failure, failure
     assert [f for e, f in events if e == "lane_added"] == [
         {"processor": "enrich.asia", "family": "enrich", "partition": "asia"}]
+    assert "lane_refused" not in [e for e, _ in events] and "enrich.asia" in runner.steppers
+    assert [f["processor"] for e, f in events if e == "step"].count("enrich.asia") == 2  # batch 4: 4 + 1
     assert lake.queue("enriched").partitions == (*PARTS, "asia")  # the output gained it too
-    assert ids(lake, "enriched", "asia") == [1000, 1002, 1004, 1006, 1008]
+    assert ids(lake, "enriched", "asia") == [1000, 1002, 1004, 1006, 1008]  # each once
     # a new runner (a restart) over the declared graph finds the lane again and delivers nothing twice
     again = GraphRunner(graph=shop(), lake=Lake(root=lake.root), spark=spark)
     again.run_until_idle()
+    assert "enrich.asia" in again.steppers
     assert ids(lake, "enriched", "asia") == [1000, 1002, 1004, 1006, 1008]
-    assert audit(lake, graph=again.graph).ok
+    assert ids(lake, "enriched", "eu") == [0, 2, 4]
+    report = audit(lake, graph=again.graph)
+    assert report.ok, report.to_text()
 
 
 def test_a_lake_written_before_lanes_is_continued_by_every_partition(spark, tmp_path):
