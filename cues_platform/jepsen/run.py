@@ -34,6 +34,7 @@ from pathlib import Path
 from cues_platform.jepsen import timewarp as tw
 from cues_platform.jepsen import workload as w
 from cues_platform.jepsen.checker import CheckReport, Expectation, check_lake, format_checks
+from cues_platform.jepsen.feeders import UNVERIFIED_LOG
 from cues_platform.jepsen.nemesis import GRAPH_REF, Background, Nemesis, Stats
 
 MAX_EXTRA_FAULT_SECONDS = 180.0
@@ -82,6 +83,7 @@ class HarnessResult:
     anomalies: list[str] = field(default_factory=list)
     elapsed: float = 0.0
     time_counts: dict = field(default_factory=dict)
+    unverified_resends: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -120,6 +122,9 @@ class HarnessResult:
             t = self.time_counts
             out.append(f"  time: a year in {c.duration:g} s ({365 / c.duration:.1f} days/s); "
                        + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in t.items() if k != "violations"))
+        if self.unverified_resends:
+            out.append(f"  resends the queue could no longer verify (log cleaned up; counted as acknowledged, "
+                       f"the key checked in the queue or downstream): {len(self.unverified_resends)}")
         if s.expected_exits:
             out.append("  expected exits: " + ", ".join(f"{k} {n}" for k, n in s.expected_exits.items()))
         out += list(format_checks(self.report))
@@ -144,6 +149,7 @@ class HarnessResult:
                 "drain_attempts": self.drain_attempts, "actions": s.actions,
                 "redeploys": dict(s.redeploys), "refusals": dict(s.refusals),
                 "silent_changes": s.silent_changes, "time": self.time_counts,
+                "unverified_resends": self.unverified_resends,
                 "report": self.report.to_dict()}
 
 
@@ -258,11 +264,14 @@ def run_harness(config: HarnessConfig, *, echo: Callable[[str], None] = print) -
     report = check_lake(lake_root, expectation)
     anomalies_log = workdir / "anomalies.log"
     anomalies = anomalies_log.read_text().splitlines() if anomalies_log.exists() else []
+    unverified_log = workdir / UNVERIFIED_LOG
+    unverified = unverified_log.read_text().splitlines() if unverified_log.exists() else []
     result = HarnessResult(config=config, report=report, stats=nemesis.stats,
                            acked=len(expectation.acked), sent_keys=len(plan.all_keys),
                            drain_attempts=drain_attempts, anomalies=anomalies,
                            elapsed=time.monotonic() - started,
-                           time_counts=dict(timewarp.counts) if timewarp is not None else {})
+                           time_counts=dict(timewarp.counts) if timewarp is not None else {},
+                           unverified_resends=unverified)
     (workdir / "report.json").write_text(json.dumps(result.to_dict(), indent=2, default=str))
     for line in result.lines():
         echo(line)
