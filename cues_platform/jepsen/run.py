@@ -195,8 +195,8 @@ def run_harness(config: HarnessConfig, *, echo: Callable[[str], None] = print) -
     drain_attempts = 0
     try:
         # Step 3
-        if timewarp is not None:  # the monthly lane registers before retention may run
-            timewarp.register_monthly(time.monotonic() + 300)
+        if timewarp is not None:  # every lane registers before retention may run
+            timewarp.register_graph(time.monotonic() + 300)
             timewarp.start()
         nemesis.tend()
         if config.maintenance:

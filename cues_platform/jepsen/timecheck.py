@@ -2,21 +2,26 @@
 the nemesis's records (``time.jsonl``) and the runners' event logs:
 
 1. ``retention``: retention really removed rows (the start of ``src_a`` and ``ephemeral`` moved),
-   and nothing a reader still needed was removed: the monthly lane's output holds every key
-   ``enriched`` ever held, once; the lagging tailer read ``merged`` densely to its end; no
-   process met ``OffsetOutOfRangeError``; the expendable tailer's reads plus what retention moved
-   it past (``retained_away``) add up to its position. (Every key delivered exactly once is the
-   usual checks', which read the whole history: ``checker._read`` adds the rows a retention
-   delete removed, from the version before it.)
-2. ``footprint``: at the year's end each queue's live bytes and checkpoint bytes are at most
-   ``FACTOR`` x the largest of months 2-3 (the steady state: 7 days of retention behind a monthly
-   reader) plus a fixed allowance, and the ``_delta_log`` entries since the newest checkpoint at
-   most ``MAX_ENTRIES_SINCE_CHECKPOINT``. Removed-but-not-vacuumed bytes and all log entries are
-   reported apart: vacuum and log cleanup judge files by the real clock (24 h, 30 days), which a
-   run of minutes never reaches.
-3. ``timing``: step time (the monthly lane's steps, one burst a month) and recovery time (every
-   runner start: Spark ready -> every lane recovered) in the last months within ``MAX_RATIO`` of
-   the first (medians of the first two and the last two months with samples).
+   and nothing a reader still needed was removed: the monthly lane delivered every key of its
+   input once (``monthly_out``, no policy, holds every visible key no error row took, once, and
+   as many rows per partition as ``enriched`` ever held); the lagging tailer read ``merged``
+   densely to its end (its violations are the nemesis's); no process log (runners' failed steps,
+   feeders, tailers) holds ``OffsetOutOfRangeError``; the expendable tailer's reads plus what
+   retention moved it past (``retained_away``) add up to its position. (Every key delivered
+   exactly once above the start offsets is the usual checks', ``checker.py``, which never read
+   an older table version.)
+2. ``footprint``: at the year's end each retained queue's live bytes, and every queue's
+   checkpoint bytes, are at most ``FACTOR`` x the largest of months 2-3 (the steady state: 7 days
+   of retention behind a monthly reader) plus a fixed allowance; the ``_delta_log`` entries since
+   the newest checkpoint at most ``MAX_ENTRIES_SINCE_CHECKPOINT`` and in all at most
+   ``MAX_LOG_ENTRIES``. Removed-but-not-vacuumed bytes are reported apart: vacuum judges files by
+   the real clock (24 h), which a run of minutes never reaches. The queues without a policy
+   (``UNRETAINED``) grow with the keys by design: their live bytes are reported, not bounded.
+3. ``timing``: step time (every lane of every runner, the monthly lane's too: the time between a
+   lane's consecutive steps while its runner had work, no idle pass between, under
+   ``STEP_GAP_MS``: one pass over the lanes with work) and recovery time (every runner start:
+   Spark ready -> every lane recovered), bucketed by the platform month they happened in: the
+   median of the last two months with samples within ``MAX_RATIO`` of the first two.
 4. ``dead_txn``: each transaction whose producer was killed for good was aborted (a decision row
    ``aborted`` in ``_cues/transactions``), none of its keys is visible, and the read_committed
    reader behind it was never stopped there after its deadline (``dl:{txn}``): it waited at most
@@ -49,7 +54,7 @@ MAX_RATIO = 1.2
 STEADY_MONTHS = (2, 3)
 YEAR_END = 12
 MONTH_MS = 365 * 86_400_000 / 12
-STEP_GAP_MS = 5_000  # a lane's steps further apart than this were not back to back (a SIGSTOP, a poll)
+STEP_GAP_MS = 60_000  # a family step slower than this spans a pause (the monthly runner SIGSTOPped)
 MOVED_QUEUES = (w.SRC_IDEM, w.EPHEMERAL)  # fed all year: retention must have moved their start
 
 
@@ -191,6 +196,59 @@ def timing_samples(expectation: Expectation) -> tuple[dict[int, list[float]], di
     steps: dict[int, list[float]] = {}
     if start is None or expectation.run_dir is None:
         return recovery, steps
+    real0, rate, year_s = start["real0_ms"], start["rate"], start["year_seconds"]
+
+    def month(real_ms: int) -> int | None:
+        elapsed = (real_ms - real0) / 1000
+        if elapsed < 0 or elapsed >= year_s:
+            return None
+        return int(elapsed * rate * 1000 // MONTH_MS)
+
+    for log in sorted((expectation.run_dir / "logs").glob("*.log")):
+        if not (log.name.startswith("runner-") or log.name.startswith("monthly-")):
+            continue
+        lanes = len(w.MONTHLY_LANES) if log.name.startswith("monthly-") else len(w.LANES)
+        ready: int | None = None
+        recovered = 0
+        # step time: one family's step (its lanes side by side, or a sink's lanes in turn),
+        # from the end of the previous family's step in the same busy pass to the end of its own
+        chain: int | None = None  # end of the previous family step of a busy pass (None: reset)
+        group: dict | None = None  # the family step being read: family, lanes, before, end
+
+        def flush() -> None:
+            nonlocal chain, group
+            if group is not None:
+                m = month(group["end"])
+                if group["before"] is not None and m is not None and group["end"] - group["before"] < STEP_GAP_MS:
+                    steps.setdefault(m, []).append((group["end"] - group["before"]) / 1000)
+                chain, group = group["end"], None
+
+        for e in _events(log):
+            kind = e.get("event")
+            if kind == "step":
+                lane, at = e.get("processor", ""), _ts_ms(e)
+                family = w.lane_family(lane)
+                if group is not None and group["family"] == family and lane not in group["lanes"]:
+                    group["lanes"].add(lane)
+                    group["end"] = at
+                else:
+                    flush()
+                    group = {"family": family, "lanes": {lane}, "before": chain, "end": at}
+                continue
+            flush()
+            chain = None  # anything but a step (recovered, idle, a restart) ends the busy pass
+            if kind == "started":
+                ready, recovered = None, 0
+            elif kind == "spark_ready":
+                ready = _ts_ms(e)
+            elif kind == "recovered" and ready is not None:
+                recovered += 1
+                if recovered == lanes:
+                    m = month(ready)
+                    if m is not None:
+                        recovery.setdefault(m, []).append((_ts_ms(e) - ready) / 1000)
+        flush()
+    return recovery, steps
     real0, rate, year_s = start["real0_ms"], start["rate"], start["year_seconds"]
 
     def month(real_ms: int) -> int | None:

@@ -8,17 +8,22 @@ duration`` (days per second) until the year is over; then it runs at real speed 
 While the year passes, on top of the usual faults (``nemesis.py``: SIGKILLed runners and feeders,
 lost acknowledgements, concurrent runners):
 
-- every key queue, the error queue, ``monthly_out`` and ``ephemeral`` keep 7 days
-  (:data:`RETENTION_MS`, ``cues.retention.ms``) and maintenance runs at default settings
+- every key queue and ``ephemeral`` keep 7 days (:data:`RETENTION_MS`, ``cues.retention.ms``);
+  the outputs the checker takes as truth keep every row (no policy: ``errors``, ``monthly_out``;
+  the sink is a plain Delta table). Maintenance runs at default settings
   (``processing.retention.maintain_queue``: abort overdue transactions, digest, retention,
   compaction, checkpoint, vacuum with its 24 h real retention), round robin over the queues, and
   now and then as ``cues queue maintain NAME`` with no option;
 - a lane that steps once a month: ``cues run jepsen_graph.py:monthly`` (processor ``monthly``,
-  two lanes, reading ``enriched``) is resumed (SIGCONT) at each month's start until it is idle
-  again, and paused (SIGSTOP) in between: it holds enriched's low-water mark a month behind;
-- a lagging tailer (``lagging``, not expendable) on both partitions of ``merged`` reads what is
-  there every 10 days; an expendable tailer (``expendable``) on ``src_a`` reads 20 rows every
-  60 days and is moved forward by retention (``Tailer.retained_away``);
+  two lanes, reading ``enriched``) is resumed (SIGCONT) at each month's start until it caught up
+  with ``enriched`` as it was then, and paused (SIGSTOP) in between: it holds enriched's low-water
+  mark a month behind;
+- a lagging tailer (``lagging``, not expendable) on both partitions of ``merged``, registered
+  (position 0 committed) before the year starts, reads what is there every 10 days and records
+  every ``(partition, offset, key)`` it read (``workload.LAGGING_LOG``) before committing: the
+  checker proves merged's retained-away rows by it; an expendable tailer (``expendable``) on
+  ``src_a`` reads 20 rows every 60 days and is moved forward by retention
+  (``Tailer.retained_away``);
 - short-lived producers: a new producer id appends to ``ephemeral`` every day (365 ids a year);
   that queue's ``delta.setTransactionRetentionDuration`` is :data:`EPHEMERAL_TXN_RETENTION`,
   a short *real* interval, because delta-rs expires app transactions by the real clock;
@@ -178,6 +183,20 @@ class TimeNemesis:
         if self.monthly.alive:
             self.monthly.signal(signal.SIGSTOP)
         return ok
+
+    def register_graph(self, deadline: float) -> None:
+        """Before the year starts: a runner of the graph recovers every lane (each lane registers
+        in ``_cues/deployments`` and so holds its inputs' low-water marks from offset 0: a lane
+        that registers only after retention ran finds its first offsets gone, by design), and
+        the monthly lane does the same. The graph's runner keeps running into the year."""
+        runner = self.nemesis.start_runner()
+        self.register_monthly(deadline)
+        while time.monotonic() < deadline and runner.alive:
+            if sum(e.get("event") == "recovered" for e in runner.events()) >= len(w.LANES):
+                return
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                runner.proc.wait(timeout=0.2)
+        raise RuntimeError(f"the graph's runner did not recover its lanes before the year: {runner.tail(1500)}")
 
     def register_monthly(self, deadline: float) -> None:
         """Start the monthly runner and wait until its lanes recovered and it went idle (so the
