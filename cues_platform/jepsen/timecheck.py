@@ -52,6 +52,9 @@ MAX_LOG_ENTRIES = 300  # log retention (platform clock) keeps the commits from t
 UNRETAINED = (w.ERRORS, w.MONTHLY_OUT, w.TXN_PROGRESS)  # no policy: their live bytes grow with the keys
 MAX_RATIO = 1.2
 STEADY_MONTHS = (2, 3)
+FIRST_MONTHS = (0, 1, 2)  # timing: the first quarter (0 includes the registration, before the clock ran)
+LAST_MONTHS = (10, 11, 12)  # the last quarter (12: after the year, the drain)
+MIN_SAMPLES = 3
 YEAR_END = 12
 MONTH_MS = 365 * 86_400_000 / 12
 STEP_GAP_MS = 60_000  # a family step slower than this spans a pause (the monthly runner SIGSTOPped)
@@ -190,7 +193,12 @@ def _ts_ms(event: dict) -> int:
 
 
 def timing_samples(expectation: Expectation) -> tuple[dict[int, list[float]], dict[int, list[float]]]:
-    """(recovery seconds by month, step seconds by month) from the runners' event logs."""
+    """(recovery seconds by month, step seconds by month) from the event logs of the graph's
+    runners: a lane's recovery (the time to its ``recovered`` event from Spark ready or the lane
+    recovered before it) and a family's step in a busy pass (below), (``runner-*``: ten lanes each, so samples compare like with like; the monthly
+    runner's two lanes are left out). The month is the platform month the sample ended in;
+    before the clock starts (the registration) is month 0, after the year (the drain, on a lake
+    with a year behind it) month 12."""
     start = next(iter(_records(expectation, "clock_start")), None)
     recovery: dict[int, list[float]] = {}
     steps: dict[int, list[float]] = {}
@@ -198,18 +206,14 @@ def timing_samples(expectation: Expectation) -> tuple[dict[int, list[float]], di
         return recovery, steps
     real0, rate, year_s = start["real0_ms"], start["rate"], start["year_seconds"]
 
-    def month(real_ms: int) -> int | None:
+    def month(real_ms: int) -> int:
         elapsed = (real_ms - real0) / 1000
-        if elapsed < 0 or elapsed >= year_s:
-            return None
-        return int(elapsed * rate * 1000 // MONTH_MS)
+        if elapsed >= year_s:
+            return YEAR_END
+        return max(0, min(YEAR_END - 1, int(elapsed * rate * 1000 // MONTH_MS)))
 
-    for log in sorted((expectation.run_dir / "logs").glob("*.log")):
-        if not (log.name.startswith("runner-") or log.name.startswith("monthly-")):
-            continue
-        lanes = len(w.MONTHLY_LANES) if log.name.startswith("monthly-") else len(w.LANES)
+    for log in sorted((expectation.run_dir / "logs").glob("runner-*.log")):
         ready: int | None = None
-        recovered = 0
         # step time: one family's step (its lanes side by side, or a sink's lanes in turn),
         # from the end of the previous family's step in the same busy pass to the end of its own
         chain: int | None = None  # end of the previous family step of a busy pass (None: reset)
@@ -218,9 +222,8 @@ def timing_samples(expectation: Expectation) -> tuple[dict[int, list[float]], di
         def flush() -> None:
             nonlocal chain, group
             if group is not None:
-                m = month(group["end"])
-                if group["before"] is not None and m is not None and group["end"] - group["before"] < STEP_GAP_MS:
-                    steps.setdefault(m, []).append((group["end"] - group["before"]) / 1000)
+                if group["before"] is not None and group["end"] - group["before"] < STEP_GAP_MS:
+                    steps.setdefault(month(group["end"]), []).append((group["end"] - group["before"]) / 1000)
                 chain, group = group["end"], None
 
         for e in _events(log):
@@ -238,61 +241,16 @@ def timing_samples(expectation: Expectation) -> tuple[dict[int, list[float]], di
             flush()
             chain = None  # anything but a step (recovered, idle, a restart) ends the busy pass
             if kind == "started":
-                ready, recovered = None, 0
+                ready = None
             elif kind == "spark_ready":
                 ready = _ts_ms(e)
             elif kind == "recovered" and ready is not None:
-                recovered += 1
-                if recovered == lanes:
-                    m = month(ready)
-                    if m is not None:
-                        recovery.setdefault(m, []).append((_ts_ms(e) - ready) / 1000)
+                # a lane's recovery (fence, roll forward): from Spark ready or the previous lane's
+                at = _ts_ms(e)
+                recovery.setdefault(month(at), []).append((at - ready) / 1000)
+                ready = at
         flush()
     return recovery, steps
-    real0, rate, year_s = start["real0_ms"], start["rate"], start["year_seconds"]
-
-    def month(real_ms: int) -> int | None:
-        elapsed = (real_ms - real0) / 1000
-        if elapsed < 0 or elapsed >= year_s:
-            return None
-        return int(elapsed * rate * 1000 // MONTH_MS)
-
-    for log in sorted((expectation.run_dir / "logs").glob("*.log")):
-        if not (log.name.startswith("runner-") or log.name.startswith("monthly-")):
-            continue
-        lanes = len(w.MONTHLY_LANES) if log.name.startswith("monthly-") else len(w.LANES)
-        ready: int | None = None
-        recovered = 0
-        last_step: dict[str, int] = {}
-        for e in _events(log):
-            kind = e.get("event")
-            if kind == "started":
-                ready, recovered, last_step = None, 0, {}
-            elif kind == "spark_ready":
-                ready = _ts_ms(e)
-            elif kind == "recovered" and ready is not None:
-                recovered += 1
-                if recovered == lanes:
-                    m = month(ready)
-                    if m is not None:
-                        recovery.setdefault(m, []).append((_ts_ms(e) - ready) / 1000)
-            elif kind == "step":
-                # a lane's consecutive steps while its runner was busy (no idle pass between):
-                # the time of one pass of the runner over its lanes with work
-                lane, at = e.get("processor"), _ts_ms(e)
-                prev = last_step.get(lane)
-                m = month(at)
-                if prev is not None and m is not None and at - prev < STEP_GAP_MS:
-                    steps.setdefault(m, []).append((at - prev) / 1000)
-                last_step[lane] = at
-            elif kind == "idle":
-                last_step = {}
-    return recovery, steps
-
-
-def _ends(samples: dict[int, list[float]]) -> tuple[list[int], list[int]]:
-    months = sorted(samples)
-    return months[:2], months[-2:]
 
 
 def check_timing(expectation: Expectation, counts: dict) -> CheckResult:
@@ -301,19 +259,23 @@ def check_timing(expectation: Expectation, counts: dict) -> CheckResult:
     result = CheckResult("timing")
     recovery, steps = timing_samples(expectation)
     for what, samples in (("recovery", recovery), ("step", steps)):
-        first, last = _ends(samples)
+        first = [x for m in FIRST_MONTHS for x in samples.get(m, [])]
+        last = [x for m in LAST_MONTHS for x in samples.get(m, [])]
         result.checked += sum(len(v) for v in samples.values())
-        if len(samples) < 4 or max(last) - min(first) < 6:
-            result.fail(f"{what} time: too few months with samples to compare the first with the last "
-                        f"({ {m: len(v) for m, v in sorted(samples.items())} })")
+        counts[f"{what}_samples_by_month"] = ", ".join(f"{m}:{len(v)}" for m, v in sorted(samples.items()))
+        if len(first) < MIN_SAMPLES or len(last) < MIN_SAMPLES:
+            result.fail(f"{what} time: too few samples to compare the first quarter (months "
+                        f"{FIRST_MONTHS[0]}-{FIRST_MONTHS[-1]}: {len(first)}) with the last (months "
+                        f"{LAST_MONTHS[0]}-{LAST_MONTHS[-1]}: {len(last)}); at least {MIN_SAMPLES} each")
             continue
-        a = statistics.median([x for m in first for x in samples[m]])
-        b = statistics.median([x for m in last for x in samples[m]])
+        a, b = statistics.median(first), statistics.median(last)
         counts[f"{what}_first_median_ms"] = round(a * 1000)
         counts[f"{what}_last_median_ms"] = round(b * 1000)
+        counts[f"{what}_last_over_first_pct"] = round(100 * b / a) if a else None
         if b > MAX_RATIO * a:
-            result.fail(f"{what} time in months {last}: median {b:.3f} s > {MAX_RATIO} x months {first}' "
-                        f"{a:.3f} s")
+            result.fail(f"{what} time in months {LAST_MONTHS[0]}-{LAST_MONTHS[-1]}: median {b:.3f} s "
+                        f"({len(last)} samples) > {MAX_RATIO} x months {FIRST_MONTHS[0]}-{FIRST_MONTHS[-1]}' "
+                        f"{a:.3f} s ({len(first)} samples)")
     return result
 
 
