@@ -22,18 +22,25 @@ from cues_platform.spark.connect import ConnectServer, ConnectServerUnreachableE
 from cues_platform.spark.daemons import alive
 from tests.docs.conftest import shell_env
 from tests.docs.examples import SHELL, Command, blocks, commands
+from tests.processing.graphs import KINDS, OUTCOMES
 from tests.support import ROOT
 
 DOC, SECTION = "docs/deployment.md", "Run on Spark Connect"
 pytestmark = pytest.mark.slow
 
-# Processing tests run against the server as they are (CI: a bounded choice; every file of
-# tests/processing passed over Connect once, docs/deployment.md). Left out: tests that find or kill
-# the classic driver's JVM (there is none over Connect: their counterpart is the server test below).
+# Processing tests run against the server as they are (every file of tests/processing passed over
+# Connect once, docs/deployment.md). CI runs two files whole and a selection of the crash matrix
+# (the whole matrix costs about 4x as long): every kind (map, join, alts, fork, sink) and outcome
+# crashed after_prepare, every attempt path crashed between_commits, crashes at recovery, and one
+# SIGKILLed child per kind (its own Connect session). Left out: tests that find or kill the classic
+# driver's JVM (there is none over Connect: their counterpart is the server test below).
 OVER_CONNECT = [
     "tests/processing/test_executor_output.py",  # Spark writes a step's files, the driver commits them
     "tests/processing/test_failures.py",  # who failed: Connect converts Spark's errors its own way
+    "tests/processing/test_crash_matrix.py",  # joins, alts, forks, sinks: crash points (selection below)
 ]
+CRASH_MATRIX_SELECTION = "after_prepare or between_commits or sigkill or recovery_fenced"
+SELECTION = f"not test_crash_matrix or {CRASH_MATRIX_SELECTION}"  # the other files whole
 CLASSIC_ONLY = "tests/processing/test_failures.py::test_spark_jvm_dying_mid_step_is_a_platform_failure"
 # The other one, run_sigterm's JVM child, is in a file not listed here.
 
@@ -95,15 +102,25 @@ def test_an_unreachable_server_is_one_error_not_ten_minutes_of_retries() -> None
 
 def test_the_processing_tests_pass_over_connect(server: ConnectServer) -> None:
     """The processors' own tests, unchanged, with every Spark call going to the server: maps,
-    joins, alts, forks and sinks, executor-written steps, crash points, error classification."""
+    joins, alts, forks and sinks at crash points (in process and SIGKILLed children), recovery,
+    executor-written steps, error classification. Each claimed kind is checked to have passed."""
     env = {**shell_env(), "CUES_SPARK_MASTER": server.url}
     proc = subprocess.run([sys.executable, "-m", "pytest", *OVER_CONNECT, "--deselect", CLASSIC_ONLY,
-                           "-n", "0", "-q", "-p", "no:cacheprovider"],
+                           "-k", SELECTION, "-n", "0", "-q", "-rA", "-p", "no:cacheprovider"],
                           cwd=ROOT, capture_output=True, text=True, env=env, timeout=1200)
     tail = proc.stdout[-4000:]
     assert proc.returncode == 0, tail + proc.stderr[-2000:]
-    passed = int(re.search(r"(\d+) passed", tail).group(1))
-    assert passed >= 15 and "failed" not in tail.splitlines()[-1], tail  # 16 at this writing
+    passed = {line.split(" ", 1)[1].split(" - ")[0] for line in proc.stdout.splitlines()
+              if line.startswith("PASSED ")}
+    matrix = "tests/processing/test_crash_matrix.py::"
+    for kind in KINDS:  # map, join, alts, fork, sink: every outcome at a crash point, a real kill
+        assert {f"{matrix}test_crash_point_matrix[{kind}-{outcome}-after_prepare]"
+                for outcome in OUTCOMES} <= passed, (kind, sorted(passed))
+        assert f"{matrix}test_sigkill_child_then_recover[{kind}]" in passed, (kind, sorted(passed))
+        assert f"{matrix}test_crash_at_recovery_fenced[{kind}]" in passed, (kind, sorted(passed))
+    whole = sum(p.startswith(tuple(f"{name}::" for name in OVER_CONNECT[:2])) for p in passed)
+    assert whole >= 15, sorted(passed)  # the two files run whole: 16 tests at this writing
+    assert len(passed) >= 48 and "failed" not in tail.splitlines()[-1], tail  # 48 at this writing
 
 
 def test_a_dagster_materialization_attached_to_the_server(server: ConnectServer, tmp_path: Path) -> None:
