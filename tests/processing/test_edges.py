@@ -1,9 +1,9 @@
-"""Graph edges of issue 9: signatures and duplicate bindings checked at build, the README's first
-processor example, a source whose output is empty for a step, at_least_once re-runs."""
+"""Graph edges of issue 9: signatures and duplicate bindings checked at build, a function that reads
+the metadata columns, a source whose output is empty for a step, at_least_once re-runs. (The
+README's processor example runs as printed in tests/docs/test_readme_examples.py.)"""
 
 from __future__ import annotations
 
-import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
 
@@ -14,7 +14,6 @@ from cues_platform.processing import (
     GraphRunner,
     In,
     Kind,
-    Options,
     Out,
     Processor,
     QueueDef,
@@ -79,33 +78,6 @@ def test_a_fork_may_write_two_partitions_of_one_queue():
     fork = Processor("f", Kind.FORK, lambda ctx, src: None, {"src": In("a")},
                      {"left": Out("p", "x"), "right": Out("p", "y")})
     Graph.build(name="g", queues=[*QUEUES, parts], processors=[fork])
-
-
-# -- the README's first processor example ------------------------------------------------------------
-def convert(ctx, postings):          # one Spark DataFrame per input binding, plus the step context
-    """Convert amounts to EUR."""
-    return postings.withColumn("amount", F.col("amount") * 1.1)
-
-
-def test_the_readme_processor_example_runs(spark, lake):
-    """README.md "Processors": a function that changes a column of its input and returns it (with
-    the input's ``_`` metadata columns) is delivered, not rejected with ReservedColumnError."""
-    schema = pa.schema([pa.field("message_id", pa.string(), nullable=False), ("amount", pa.float64())])
-    graph = Graph.build(
-        name="payments",
-        queues=[QueueDef("postings", schema, ("bank-a", "bank-b")), QueueDef("converted", schema),
-                QueueDef("errors", ERROR_SCHEMA)],
-        processors=[Processor("convert", Kind.MAP, convert, {"postings": In("postings", "bank-a")},
-                              {"out": Out("converted")}, options=Options(batch_size=10_000))],
-        error_queue="errors",
-    )
-    runner = GraphRunner(graph=graph, lake=lake, spark=spark)
-    lake.queue("postings").append({"message_id": ["m1", "m2"], "amount": [10.0, 20.0]}, partition="bank-a")
-    runner.run_until_idle()
-    assert lake.queue("errors").read_arrow(partition="0").num_rows == 0
-    out = lake.queue("converted").read_arrow(partition="0").sort_by("_offset")
-    assert out["message_id"].to_pylist() == ["m1", "m2"]
-    assert out["amount"].to_pylist() == pytest.approx([11.0, 22.0])
 
 
 def test_a_function_may_still_read_the_metadata_columns(spark, lake):
