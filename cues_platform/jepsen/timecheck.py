@@ -52,8 +52,10 @@ MAX_LOG_ENTRIES = 300  # log retention (platform clock) keeps the commits from t
 UNRETAINED = (w.ERRORS, w.MONTHLY_OUT, w.TXN_PROGRESS)  # no policy: their live bytes grow with the keys
 MAX_RATIO = 1.2
 STEADY_MONTHS = (2, 3)
-FIRST_MONTHS = (0, 1, 2)  # timing: the first quarter (0 includes the registration, before the clock ran)
-LAST_MONTHS = (10, 11, 12)  # the last quarter (12: after the year, the drain)
+# timing: the earliest months with samples (no later than FIRST_WITHIN) against the latest (no
+# earlier than LAST_FROM; 12: after the year, the drain), each window at least MIN_SAMPLES samples
+FIRST_WITHIN = 5
+LAST_FROM = 7
 MIN_SAMPLES = 3
 YEAR_END = 12
 MONTH_MS = 365 * 86_400_000 / 12
@@ -196,9 +198,9 @@ def timing_samples(expectation: Expectation) -> tuple[dict[int, list[float]], di
     """(recovery seconds by month, step seconds by month) from the event logs of the graph's
     runners: a lane's recovery (the time to its ``recovered`` event from Spark ready or the lane
     recovered before it) and a family's step in a busy pass (below), (``runner-*``: ten lanes each, so samples compare like with like; the monthly
-    runner's two lanes are left out). The month is the platform month the sample ended in;
-    before the clock starts (the registration) is month 0, after the year (the drain, on a lake
-    with a year behind it) month 12."""
+    runner's two lanes are left out). The month is the platform month the sample ended in; after
+    the year (the drain, on a lake with a year behind it) is month 12; the registration, before
+    the clock ran, on an empty lake, is left out."""
     start = next(iter(_records(expectation, "clock_start")), None)
     recovery: dict[int, list[float]] = {}
     steps: dict[int, list[float]] = {}
@@ -206,11 +208,18 @@ def timing_samples(expectation: Expectation) -> tuple[dict[int, list[float]], di
         return recovery, steps
     real0, rate, year_s = start["real0_ms"], start["rate"], start["year_seconds"]
 
-    def month(real_ms: int) -> int:
+    def month(real_ms: int) -> int | None:
         elapsed = (real_ms - real0) / 1000
+        if elapsed < 0:
+            return None  # the registration, before the clock ran (an empty lake: no baseline)
         if elapsed >= year_s:
             return YEAR_END
-        return max(0, min(YEAR_END - 1, int(elapsed * rate * 1000 // MONTH_MS)))
+        return min(YEAR_END - 1, int(elapsed * rate * 1000 // MONTH_MS))
+
+    def add(samples: dict[int, list[float]], at: int, seconds: float) -> None:
+        m = month(at)
+        if m is not None:
+            samples.setdefault(m, []).append(seconds)
 
     for log in sorted((expectation.run_dir / "logs").glob("runner-*.log")):
         ready: int | None = None
@@ -223,7 +232,7 @@ def timing_samples(expectation: Expectation) -> tuple[dict[int, list[float]], di
             nonlocal chain, group
             if group is not None:
                 if group["before"] is not None and group["end"] - group["before"] < STEP_GAP_MS:
-                    steps.setdefault(month(group["end"]), []).append((group["end"] - group["before"]) / 1000)
+                    add(steps, group["end"], (group["end"] - group["before"]) / 1000)
                 chain, group = group["end"], None
 
         for e in _events(log):
@@ -247,10 +256,22 @@ def timing_samples(expectation: Expectation) -> tuple[dict[int, list[float]], di
             elif kind == "recovered" and ready is not None:
                 # a lane's recovery (fence, roll forward): from Spark ready or the previous lane's
                 at = _ts_ms(e)
-                recovery.setdefault(month(at), []).append((at - ready) / 1000)
+                add(recovery, at, (at - ready) / 1000)
                 ready = at
         flush()
     return recovery, steps
+
+
+def _window(samples: dict[int, list[float]], months: range) -> list[int]:
+    """The months of ``months``, in that order, that have samples, until MIN_SAMPLES are in."""
+    out, n = [], 0
+    for m in months:
+        if n >= MIN_SAMPLES:
+            break
+        if samples.get(m):
+            out.append(m)
+            n += len(samples[m])
+    return sorted(out)
 
 
 def check_timing(expectation: Expectation, counts: dict) -> CheckResult:
@@ -259,23 +280,26 @@ def check_timing(expectation: Expectation, counts: dict) -> CheckResult:
     result = CheckResult("timing")
     recovery, steps = timing_samples(expectation)
     for what, samples in (("recovery", recovery), ("step", steps)):
-        first = [x for m in FIRST_MONTHS for x in samples.get(m, [])]
-        last = [x for m in LAST_MONTHS for x in samples.get(m, [])]
+        first_months = _window(samples, range(0, FIRST_WITHIN + 1))
+        last_months = _window(samples, range(YEAR_END, LAST_FROM - 1, -1))
+        first = [x for m in first_months for x in samples[m]]
+        last = [x for m in last_months for x in samples[m]]
         result.checked += sum(len(v) for v in samples.values())
         counts[f"{what}_samples_by_month"] = ", ".join(f"{m}:{len(v)}" for m, v in sorted(samples.items()))
         if len(first) < MIN_SAMPLES or len(last) < MIN_SAMPLES:
-            result.fail(f"{what} time: too few samples to compare the first quarter (months "
-                        f"{FIRST_MONTHS[0]}-{FIRST_MONTHS[-1]}: {len(first)}) with the last (months "
-                        f"{LAST_MONTHS[0]}-{LAST_MONTHS[-1]}: {len(last)}); at least {MIN_SAMPLES} each")
+            result.fail(f"{what} time: too few samples to compare the year's start (months 0-{FIRST_WITHIN}: "
+                        f"{len(first)}) with its end (months {LAST_FROM}-{YEAR_END}: {len(last)}); at least "
+                        f"{MIN_SAMPLES} each")
             continue
         a, b = statistics.median(first), statistics.median(last)
-        counts[f"{what}_first_median_ms"] = round(a * 1000)
-        counts[f"{what}_last_median_ms"] = round(b * 1000)
+        counts[f"{what}_first_months"] = str(first_months)
+        counts[f"{what}_last_months"] = str(last_months)
+        counts[f"{what}_first_median_ms"] = round(a * 1000, 1)
+        counts[f"{what}_last_median_ms"] = round(b * 1000, 1)
         counts[f"{what}_last_over_first_pct"] = round(100 * b / a) if a else None
         if b > MAX_RATIO * a:
-            result.fail(f"{what} time in months {LAST_MONTHS[0]}-{LAST_MONTHS[-1]}: median {b:.3f} s "
-                        f"({len(last)} samples) > {MAX_RATIO} x months {FIRST_MONTHS[0]}-{FIRST_MONTHS[-1]}' "
-                        f"{a:.3f} s ({len(first)} samples)")
+            result.fail(f"{what} time in months {last_months}: median {b * 1000:.1f} ms ({len(last)} samples) "
+                        f"> {MAX_RATIO} x months {first_months}' {a * 1000:.1f} ms ({len(first)} samples)")
     return result
 
 
