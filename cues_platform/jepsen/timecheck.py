@@ -54,7 +54,7 @@ MAX_RATIO = 1.2
 STEADY_MONTHS = (2, 3)
 # timing: the earliest months with samples (no later than FIRST_WITHIN) against the latest (no
 # earlier than LAST_FROM; 12: after the year, the drain), each window at least MIN_SAMPLES samples
-FIRST_WITHIN = 5
+FIRST_WITHIN = 6
 LAST_FROM = 7
 MIN_SAMPLES = 3
 YEAR_END = 12
@@ -195,10 +195,11 @@ def _ts_ms(event: dict) -> int:
 
 
 def timing_samples(expectation: Expectation) -> tuple[dict[int, list[float]], dict[int, list[float]]]:
-    """(recovery seconds by month, step seconds by month) from the event logs of the graph's
-    runners: a lane's recovery (the time to its ``recovered`` event from Spark ready or the lane
-    recovered before it) and a family's step in a busy pass (below), (``runner-*``: ten lanes each, so samples compare like with like; the monthly
-    runner's two lanes are left out). The month is the platform month the sample ended in; after
+    """(recovery seconds by month, step seconds by month) from the runners' event logs: a lane's
+    recovery (the time to its ``recovered`` event from Spark ready or the lane recovered before
+    it; every runner, the monthly lane's too: the same work per lane) and a family's step in a
+    busy pass (below; the graph's runners only, ``runner-*``, so the mix of families compares
+    like with like). The month is the platform month the sample ended in; after
     the year (the drain, on a lake with a year behind it) is month 12; the registration, before
     the clock ran, on an empty lake, is left out."""
     start = next(iter(_records(expectation, "clock_start")), None)
@@ -221,17 +222,19 @@ def timing_samples(expectation: Expectation) -> tuple[dict[int, list[float]], di
         if m is not None:
             samples.setdefault(m, []).append(seconds)
 
-    for log in sorted((expectation.run_dir / "logs").glob("runner-*.log")):
+    logs = expectation.run_dir / "logs"
+    for log in sorted([*logs.glob("runner-*.log"), *logs.glob("monthly-*.log")]):
+        graph = log.name.startswith("runner-")
         ready: int | None = None
         # step time: one family's step (its lanes side by side, or a sink's lanes in turn),
         # from the end of the previous family's step in the same busy pass to the end of its own
         chain: int | None = None  # end of the previous family step of a busy pass (None: reset)
         group: dict | None = None  # the family step being read: family, lanes, before, end
 
-        def flush() -> None:
+        def flush(graph: bool = graph) -> None:
             nonlocal chain, group
             if group is not None:
-                if group["before"] is not None and group["end"] - group["before"] < STEP_GAP_MS:
+                if graph and group["before"] is not None and group["end"] - group["before"] < STEP_GAP_MS:
                     add(steps, group["end"], (group["end"] - group["before"]) / 1000)
                 chain, group = group["end"], None
 
