@@ -191,16 +191,20 @@ def footprint(path: Path) -> dict:
             "entries_since_checkpoint": sum(v > cp_version for v in commits),
             "checkpoint_version": cp_version, "checkpoint_bytes": cp_bytes,
             "checkpoint_app_transactions": sum(
-                _checkpoint_txns(log / n) for n in checkpoints if int(n[:20]) == cp_version)}
+                _checkpoint_txns(log / n) for n in checkpoints if int(n[:20]) == cp_version),
+            "checkpoint_tombstones": sum(
+                _checkpoint_txns(log / n, action="remove") for n in checkpoints if int(n[:20]) == cp_version)}
 
 
-def _checkpoint_txns(file: Path) -> int:
-    """App transactions (``txn`` actions) a checkpoint file holds: every snapshot load reads them."""
+def _checkpoint_txns(file: Path, *, action: str = "txn") -> int:
+    """App transactions (``txn`` actions; or another action, e.g. ``remove``: the tombstones kept
+    for ``delta.deletedFileRetentionDuration``, judged by delta-rs on the real clock) a checkpoint
+    file holds: every snapshot load reads them."""
     import pyarrow.parquet as pq
 
-    if "txn" not in pq.read_schema(file).names:
+    if action not in pq.read_schema(file).names:
         return 0
-    return pq.read_table(file, columns=["txn"])["txn"].is_valid().to_pylist().count(True)
+    return pq.read_table(file, columns=[action])[action].is_valid().to_pylist().count(True)
 
 
 def _tables_under(folder: Path) -> list[Path]:

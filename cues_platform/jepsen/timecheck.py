@@ -187,6 +187,7 @@ def check_footprint(expectation: Expectation, counts: dict) -> CheckResult:
         counts[f"{queue}.log_entries"] = fp["log_entries"]
         counts[f"{queue}.entries_since_checkpoint"] = fp["entries_since_checkpoint"]
         counts[f"{queue}.checkpoint_app_transactions"] = fp.get("checkpoint_app_transactions")
+        counts[f"{queue}.checkpoint_tombstones"] = fp.get("checkpoint_tombstones")
     return result
 
 
