@@ -55,8 +55,9 @@ def test_checks_sensors_job_schedule() -> None:
     sensors = {s.name for s in repo.sensor_defs}
     assert {"payments__intake__new_data", "payments__parse__new_data", "payments__convert__new_data",
             "payments__validate__new_data", "payments__ledger__sink", "payments__recovery"} <= sensors
-    assert sorted(s.name for s in repo.schedule_defs) == ["participants__schedule",
-                                                          "payments__schedule"]
+    assert sorted(s.name for s in repo.schedule_defs) == [
+        "cues_maintenance__schedule", "cues_maintenance_participants__schedule",
+        "participants__schedule", "payments__schedule"]
     job = repo.get_job("payments__all")
     assert job is not None
     # automation on by default: the daemon of `dagster dev` ticks them as soon as it loads them
