@@ -28,6 +28,7 @@ from dagster import (
 
 from cues_platform.dagster.error_queues import observe_error_queue
 from cues_platform.dagster.io_manager import QUEUE_METADATA
+from cues_platform.dagster.keys import queue_key
 from cues_platform.dagster.materialize import (
     InjectedFailure,
     ProcessorRunConfig,
@@ -54,10 +55,6 @@ __all__ = ["BACKING_KEY", "IO_MANAGER_KEY", "LAKE_KEY", "SPARK_KEY", "InjectedFa
 
 
 # -- keys and specs ---------------------------------------------------------------------------------
-def queue_key(name: str, prefix: Sequence[str] = ()) -> AssetKey:
-    return AssetKey([*prefix, name])
-
-
 def output_queues(proc: Processor) -> list[str]:
     seen: list[str] = []
     for out in proc.outputs.values():

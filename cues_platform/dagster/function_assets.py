@@ -27,6 +27,7 @@ from dagster import (
     multi_asset,
 )
 
+from cues_platform.dagster.keys import queue_key
 from cues_platform.dagster.materialize import FaultConfig
 from cues_platform.dagster.step_io import (
     STEP_BINDING,
@@ -48,8 +49,6 @@ def build_function_asset(graph: Graph, proc: Processor, *, specs: Sequence[Any],
     if proc.kind not in FUNCTION_KINDS:
         raise GraphError(f"processor {proc.id!r}: a {proc.kind.value} cannot have asset_body=function "
                          "(its function is not called on input ranges)", processor=proc.id)
-    from cues_platform.dagster.assets import queue_key
-
     ins = {binding: AssetIn(key=queue_key(src.queue, prefix), input_manager_key=STEP_IO_KEY,
                             metadata={STEP_BINDING: binding}, dagster_type=Any)
            for binding, src in proc.inputs.items()}

@@ -31,6 +31,7 @@ from pydantic import PrivateAttr
 
 from cues_platform.dagster.error_queues import observe_error_queue
 from cues_platform.dagster.io_manager import QUEUE_METADATA, CuesIOManager
+from cues_platform.dagster.keys import queue_key
 from cues_platform.dagster.materialize import (
     FaultConfig,
     fault_hook,
@@ -163,8 +164,6 @@ class CuesStepIOManager(CuesIOManager):
             f"{meta['cues/recovered_attempts']} rolled forward; lag {meta['cues/lag_total']}")
         err = graph.error_queue_of(proc)
         if err and err not in {o.queue for o in proc.outputs.values()}:
-            from cues_platform.dagster.assets import queue_key
-
             context.log_event(observe_error_queue(lake, err, key=queue_key(err, run.target.prefix),
                                                   processor=proc.id,
                                                   rows_from_run=meta["cues/rows_to_errors"]))

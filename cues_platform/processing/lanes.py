@@ -88,8 +88,6 @@ def lane_partitions(p: Processor, queues: Mapping[str, QueueDef]) -> tuple[str, 
 def expand(p: Processor, queues: Mapping[str, QueueDef]) -> list[Processor]:
     """Steps 1-5: the lanes of ``p`` (``[p]`` itself, outputs resolved, when it has no
     every-partition binding)."""
-    from cues_platform.processing.graph import In, Out
-
     parts = lane_partitions(p, queues)
     if parts is None:  # Step 5
         outputs = {b: (replace(o, partition=DEFAULT_PARTITION) if o.partition == SAME_PARTITION else o)
@@ -97,7 +95,7 @@ def expand(p: Processor, queues: Mapping[str, QueueDef]) -> list[Processor]:
         return [replace(p, outputs=outputs, family=p.family or p.id)]
     lanes = []
     for part in parts:  # Step 2
-        inputs = {b: (In(i.queue, part) if i.partition == ALL_PARTITIONS else i)  # Step 3
+        inputs = {b: (replace(i, partition=part) if i.partition == ALL_PARTITIONS else i)  # Step 3
                   for b, i in p.inputs.items()}
         outputs = {}
         for b, o in p.outputs.items():  # Step 4
@@ -112,7 +110,7 @@ def expand(p: Processor, queues: Mapping[str, QueueDef]) -> list[Processor]:
                         f"(it has {list(qdef.partitions)}); declare the same partitions as its input, "
                         f"or write one named partition: Out({o.queue!r}, '0')",
                         processor=p.id, binding=b)
-                o = Out(o.queue, part)
+                o = replace(o, partition=part)  # partition_column is None here
             outputs[b] = o
         lanes.append(replace(p, id=lane_id(p.id, part), inputs=inputs, outputs=outputs,
                              family=p.id, lane=part))
