@@ -122,6 +122,13 @@ class HarnessResult:
             t = self.time_counts
             out.append(f"  time: a year in {c.duration:g} s ({365 / c.duration:.1f} days/s); "
                        + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in t.items() if k != "violations"))
+        if c.time:
+            k = self.report.counts
+            out += [f"  {what} time: months {k.get(f'{what}_first_months')} median {k.get(f'{what}_first_median_ms')} ms, "
+                    f"months {k.get(f'{what}_last_months')} {k.get(f'{what}_last_median_ms')} ms: last/first "
+                    f"{k.get(f'{what}_last_over_first_pct')}% (1.2x {'met' if k.get(f'{what}_within_1_2') else 'NOT met'}; "
+                    f"noise between adjacent months {k.get(f'{what}_adjacent_month_noise_pct')}%)"
+                    for what in ("recovery", "step") if f"{what}_first_months" in k]
         if self.unverified_resends:
             out.append(f"  resends the queue could no longer verify (log cleaned up; counted as acknowledged, "
                        f"the key checked in the queue or downstream): {len(self.unverified_resends)}")
