@@ -193,7 +193,14 @@ def footprint(path: Path) -> dict:
             "checkpoint_app_transactions": sum(
                 _checkpoint_txns(log / n) for n in checkpoints if int(n[:20]) == cp_version),
             "checkpoint_tombstones": sum(
-                _checkpoint_txns(log / n, action="remove") for n in checkpoints if int(n[:20]) == cp_version)}
+                _checkpoint_txns(log / n, action="remove") for n in checkpoints if int(n[:20]) == cp_version),
+            "checkpoint_rows": sum(_checkpoint_rows(log / n) for n in checkpoints if int(n[:20]) == cp_version)}
+
+
+def _checkpoint_rows(file: Path) -> int:
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(file).metadata.num_rows
 
 
 def _checkpoint_txns(file: Path, *, action: str = "txn") -> int:

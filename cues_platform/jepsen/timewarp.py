@@ -333,8 +333,8 @@ class TimeNemesis:
         from cues_platform.queues import Lake
 
         q = Lake(root=str(self.lake_root)).queue(w.EPHEMERAL)
-        n = 0
-        while not self.year_over.is_set() and not self.stop.wait(self.days(1)):
+        n = 0  # producer n appends at day n + 1 of the year (scheduled on the year's start, so slow sends do not drift)
+        while not self.year_over.is_set() and not self.stop.wait(max(0.0, self.t0 + self.days(n + 1) - time.monotonic())):
             keys = [f"e-{n:05d}-{j}" for j in range(3)]
             q.producer(producer_id=f"eph-{n:05d}").send(w.batch_table(keys), partition=w.PROGRESS_PARTITION,
                                                        sequence=0)
