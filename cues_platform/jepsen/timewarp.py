@@ -73,6 +73,8 @@ RETAINED_QUEUES = (*w.KEY_QUEUES, w.EPHEMERAL)
 UNRETAINED_QUEUES = (w.ERRORS, w.MONTHLY_OUT, w.TXN_PROGRESS)
 MAINTAINED_QUEUES = (*RETAINED_QUEUES, w.ERRORS, w.MONTHLY_OUT)
 FOOTPRINT_QUEUES = (*RETAINED_QUEUES, *UNRETAINED_QUEUES)
+# the platform's own tables every read_committed read and every tailer commit touch: sampled too
+INTERNAL_TABLES = ("_cues/transactions", "_cues/positions")
 LAGGING_EVERY_DAYS = 10
 EXPENDABLE_EVERY_DAYS = 60
 EXPENDABLE_READ = 20
@@ -302,8 +304,8 @@ class TimeNemesis:
 
     def sample(self, month: int) -> None:
         out = {}
-        for name in FOOTPRINT_QUEUES:
-            path = self.lake_root / "queues" / name
+        for name in (*FOOTPRINT_QUEUES, *INTERNAL_TABLES):
+            path = self.lake_root / ("" if name.startswith("_cues/") else "queues") / name
             try:
                 out[name] = footprint(path)
             except Exception as exc:  # noqa: BLE001 - a table mid-commit: reported, sampled again
