@@ -18,13 +18,17 @@ row (an error row's ``processor``, a sink row's lane) is any lane of it.
 
 Checks (each PASS/FAIL with examples):
 
-1. ``dense_offsets``: every queue (and backing queue, one per lane) has offsets 0..n-1 per
-   partition, no gap, no duplicate, and its ``part:{partition}`` app transaction (when present)
-   says n.
+1. ``dense_offsets``: every queue (and backing queue, one per lane) holds exactly the offsets
+   ``[start, n)`` per partition (start: ``start:{partition}``, where retention moved it; 0
+   otherwise), no gap, no duplicate, and its ``part:{partition}`` app transaction (when present)
+   says n. The checker never reads an older table version: rows below a start are proven by
+   what a deployment keeps (``Expectation.offsets``: where each acknowledged batch landed;
+   ``Expectation.merged_read``: what the lagging, non-expendable tailer read of ``merged``).
 2. ``read_committed``: decisions are consistent; no key of an aborted transaction is visible,
    and no invisible key reached any processor's output or the sink.
-3. ``acknowledged``: every acknowledged key is visible in the inputs; every visible input key is
-   there once and is a key of the plan.
+3. ``acknowledged``: every acknowledged key at or above its partition's start is at the offset
+   its send returned; below it (retained away) it is in ``merged`` (every reader had read it);
+   every visible input key left is there once and is a key of the plan.
 4. ``exactly_once``: every visible input key is in ``merged`` once; then either exactly once in
    each downstream queue and the sink table, or (rejected with its batch) in exactly one error
    row and nowhere downstream; never both, never missing.
