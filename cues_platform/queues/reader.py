@@ -161,6 +161,11 @@ def _stable_range(
 def _dataset(
     queue: Queue, files: list[FileInfo] | tuple[FileInfo, ...], schema: pa.Schema | None = None
 ) -> ds.Dataset:
+    """The Parquet files of a read as one dataset, always read with the queue's own schema: a
+    file rewritten by delta-rs (a retention delete through a straddling file) stores its strings
+    as Arrow ``string_view``, which inferring the schema would carry into the read (and pyarrow
+    cannot filter)."""
+    schema = schema or _payload_and_meta_schema(queue)
     if queue.lake.is_local:
         paths = [str(queue.lake.local_path(join_uri(queue.uri, f.path))) for f in files]
         return ds.dataset(paths, format="parquet", schema=schema)
