@@ -246,18 +246,23 @@ def queue_maintain(name: str, retention_hours: float, unsafe_allow_short_retenti
                    lake_root: str) -> None:
     """Apply the queue's retention, then compact, checkpoint and vacuum it (transactions past
     their timeout are aborted first; a processor's home has its step records digested first, so
-    dropping old log entries loses none)."""
-    from cues_platform.processing.retention import maintain_queue
+    dropping old log entries loses none); then compact the lake's positions and transaction
+    tables."""
+    from cues_platform.processing.retention import maintain_queue, maintain_system_tables
 
     q = open_queue(lake_root, name)
     with storage(name, q.uri, write=True):
         retained, reports = maintain_queue(
             q, retention_hours=retention_hours,
             unsafe_allow_short_retention=unsafe_allow_short_retention)
+        system = maintain_system_tables(q.lake, retention_hours=retention_hours,
+                                        unsafe_allow_short_retention=unsafe_allow_short_retention)
     for line in retained.lines():
         click.echo(line)
     for report in reports:
         console.print(report)
+    for table, merged in system.items():
+        click.echo(f"system table {table}: {merged} small file(s) compacted")
 
 
 @queue.command("retention")

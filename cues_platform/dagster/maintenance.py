@@ -120,7 +120,7 @@ def build_maintenance_op(*, lake_key: str = LAKE_KEY) -> Any:
         description=f"abort expired transactions, apply retention, compact, checkpoint and vacuum "
                     f"every queue of the lake resource {lake_key!r} (`cues queue maintain` on each)")
     def _maintain(context: OpExecutionContext, config: MaintenanceConfig) -> Output:
-        from cues_platform.processing.retention import maintain_queue
+        from cues_platform.processing.retention import maintain_queue, maintain_system_tables
 
         resource: LakeResource = getattr(context.resources, lake_key)
         lake = resource.lake()
@@ -156,6 +156,15 @@ def build_maintenance_op(*, lake_key: str = LAKE_KEY) -> Any:
                 "files_compacted": sum(r.files_removed for r in reports),
                 "files_vacuumed": sum(r.files_vacuumed for r in reports),
             }
+        try:  # the busy system tables (positions, the coordinator): once per run
+            system = maintain_system_tables(
+                lake, retention_hours=config.retention_hours,
+                unsafe_allow_short_retention=config.unsafe_allow_short_retention)
+            for table, merged in system.items():
+                context.log.info(f"system table {table}: {merged} small file(s) compacted")
+        except Exception as exc:  # noqa: BLE001 -- recorded, and the op fails at the end
+            failed["(system tables)"] = _failure_text(exc)
+            context.log.error(f"system tables: maintenance failed: {failed['(system tables)']}")
         metadata: dict[str, Any] = {
             "lake": lake.root,
             "queues_maintained": len(done),

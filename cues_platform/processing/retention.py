@@ -175,3 +175,48 @@ def maintain_queue(queue: Queue, *, retention_hours: float = 24.0,
     report = retain(queue)
     return report, maintain(queue, retention_hours=retention_hours,
                             unsafe_allow_short_retention=unsafe_allow_short_retention)
+
+
+SYSTEM_TABLES = ("positions", "transactions")  # one file per commit, thousands a day
+
+
+def maintain_system_tables(lake: Lake, *, retention_hours: float = 24.0,
+                           unsafe_allow_short_retention: bool = False) -> dict[str, int]:
+    """Compact and vacuum the lake's busy system tables (tailer positions, the transaction
+    coordinator): each commit adds a small file, so after a year of commits every open of them
+    read an add action per commit. Their rows all stay (positions and decisions are history and
+    state); only the files are merged, and the log is trimmed as their handles always do.
+    Returns the files compacted away per table (a table never used is skipped)."""
+    from deltalake import CommitProperties, DeltaTable
+    from deltalake.exceptions import CommitFailedError
+
+    from cues_platform.queues.errors import ConcurrentAppendError
+    from cues_platform.queues.maintenance import (
+        COMMIT_HOOKS,
+        COMPACT_COMMIT_RETRIES,
+        delta_retention_hours,
+        platform_ahead_ms,
+        retention_whole_hours,
+    )
+
+    retention_whole_hours("system tables", retention_hours, unsafe=unsafe_allow_short_retention)
+    hours = delta_retention_hours(retention_hours, ahead_ms=platform_ahead_ms())
+    out = {}
+    for name in SYSTEM_TABLES:
+        uri = lake.system_uri(name)
+        if not DeltaTable.is_deltatable(uri, storage_options=lake.options):
+            continue
+        dt = DeltaTable(uri, storage_options=lake.options)
+        try:
+            metrics = dt.optimize.compact(
+                commit_properties=CommitProperties(max_commit_retries=COMPACT_COMMIT_RETRIES),
+                post_commithook_properties=COMMIT_HOOKS)
+        except CommitFailedError as exc:
+            raise ConcurrentAppendError(
+                f"system table {name!r}: compaction lost {COMPACT_COMMIT_RETRIES} commit races; "
+                "nothing was changed, run maintenance again", table=name, retryable=True) from exc
+        dt = DeltaTable(uri, storage_options=lake.options)
+        dt.vacuum(retention_hours=hours, dry_run=False,
+                  enforce_retention_duration=False, full=True)
+        out[name] = int(metrics.get("numFilesRemoved", 0))
+    return out

@@ -167,3 +167,29 @@ def test_the_retention_command_sets_shows_and_maintain_applies_it(make_queue, la
     assert done.exit_code == 0, done.output
     assert "partition 0: start 0 -> 4 (next offset 10; readers need from 4: tailer 'keeper')" in done.output
     assert lake.queue("t").start_offset("0") == 4
+
+
+def test_the_busy_system_tables_are_compacted_and_keep_every_position(make_queue, lake) -> None:
+    """A year of tailer commits is a file per commit in `_cues/positions`: maintenance merges them
+    (every row and every position stays), so opening the table no longer reads a file per commit."""
+    from deltalake import DeltaTable
+
+    from cues_platform.processing.retention import maintain_system_tables
+    from cues_platform.queues.positions import PositionStore
+
+    q = make_queue("t")
+    q.append(rows(0, 200), partition="0")
+    for name in ("a", "b"):
+        tailer = q.tailer(name, partition="0", expendable=name == "b")
+        for _ in range(60):
+            tailer.read_arrow(1)
+            tailer.commit()
+    uri = lake.system_uri("positions")
+    before = DeltaTable(uri).to_pyarrow_table().num_rows
+    assert len(DeltaTable(uri).file_uris()) == 120
+    assert maintain_system_tables(lake) == {"positions": 120}  # no coordinator table yet
+    assert len(DeltaTable(uri).file_uris()) == 1
+    assert DeltaTable(uri).to_pyarrow_table().num_rows == before
+    assert [(t.tailer, t.position, t.expendable) for t in PositionStore(lake).tailers("t")] == [
+        ("a", 60, False), ("b", 60, True)]
+    assert q.tailer("a", partition="0").position == 60
