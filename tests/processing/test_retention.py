@@ -55,14 +55,20 @@ def ids(lake, queue: str) -> list[int]:
     return sorted(lake.queue(queue).read_arrow(partition="0")["id"].to_pylist())
 
 
-def test_a_processor_lane_holds_retention_at_its_position_whatever_the_clock(spark, lake) -> None:
-    """p read a/0 up to 30; 20 more rows wait. A week's retention on a clock a month ahead (an
-    owner idle for a month), then a year ahead (a skewed clock): the start goes to 30, never past."""
+def p_read_30(lake, spark):
+    """Graph ``p`` (a/0 -> b) deployed, 30 rows appended to a/0 and read by p."""
     g = graph("p")
     GraphRunner(graph=g, lake=lake, spark=spark)
     a = lake.queue("a")
     a.append(rows(0, 30), partition="0")
     GraphRunner(graph=g, lake=lake, spark=spark).run_until_idle()
+    return g, a
+
+
+def test_a_processor_lane_holds_retention_at_its_position_whatever_the_clock(spark, lake) -> None:
+    """p read a/0 up to 30; 20 more rows wait. A week's retention on a clock a month ahead (an
+    owner idle for a month), then a year ahead (a skewed clock): the start goes to 30, never past."""
+    g, a = p_read_30(lake, spark)
     a.append(rows(30, 20), partition="0")
     set_policy(a, ms=7 * DAY_MS, bytes=None)
     assert retain(a).partitions[0].new_start == 0  # nothing is a week old yet
@@ -81,11 +87,7 @@ def test_a_processor_lane_holds_retention_at_its_position_whatever_the_clock(spa
 
 
 def test_a_processor_deployed_after_retention_starts_at_the_start_offset(spark, lake) -> None:
-    g = graph("p")
-    GraphRunner(graph=g, lake=lake, spark=spark)
-    a = lake.queue("a")
-    a.append(rows(0, 30), partition="0")
-    GraphRunner(graph=g, lake=lake, spark=spark).run_until_idle()
+    g, a = p_read_30(lake, spark)
     set_policy(a, ms=0, bytes=None)
     assert retain(a).partitions[0].new_start == 30
     a.append(rows(30, 5), partition="0")
@@ -99,11 +101,7 @@ def test_a_registered_lane_that_never_read_holds_everything(spark, lake) -> None
     """r is in the registry (its graph started) but never stepped: retention keeps every row."""
     from cues_platform.processing.deployments import check_and_record
 
-    g = graph("p")
-    GraphRunner(graph=g, lake=lake, spark=spark)
-    a = lake.queue("a")
-    a.append(rows(0, 30), partition="0")
-    GraphRunner(graph=g, lake=lake, spark=spark).run_until_idle()
+    g, a = p_read_30(lake, spark)
     check_and_record(graph("p", "r"), lake)  # deployed, not run yet
     set_policy(a, ms=0, bytes=None)
     (part,) = retain(a).partitions
