@@ -47,6 +47,7 @@ from cues_platform import clock
 from cues_platform.queues.appender import DEFAULT_MAX_ATTEMPTS, REBASE_RETRIES, AppendResult, Guard
 from cues_platform.queues.errors import ConcurrentAppendError, QueueError
 from cues_platform.queues.filesystems import filesystem_for
+from cues_platform.queues.integrity import TableStorage, commit_path
 from cues_platform.queues.maintenance import COMMIT_HOOKS
 from cues_platform.queues.names import join_uri
 from cues_platform.queues.schema import APPEND_TIME, OFFSET, PARTITION, TXN_ID
@@ -318,7 +319,13 @@ def _committed_version(queue: Queue, dt: DeltaTable, before: int, token: str) ->
     leaves ``dt`` where it was, and delta-rs may have rebased the commit over other writers'
     commits: ``dt`` is moved to the newest version and every commit since ``before`` searched."""
     dt.update_incremental()
-    for entry in dt.history(max(dt.version() - before, 1)):
-        if entry.get("cues.commit") == token:
-            return int(entry["version"])
+    # each commit entry is read by its version's own file name: delta-rs' history() lists the
+    # newest entries in storage but numbers them from the handle's version, so a commit another
+    # handle made in between shifted every number by one (a wrong version, seen under threads)
+    storage = TableStorage(queue.uri, queue.lake.options)
+    needle = token.encode()
+    for version in range(dt.version(), before, -1):
+        raw = storage.read(commit_path(version))
+        if raw is not None and needle in raw:
+            return version
     return None
