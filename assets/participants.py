@@ -21,7 +21,6 @@ The queues live in the resource ``participants_lake`` (``$CUES_PARTICIPANTS_LAKE
 schemas. Loading these definitions touches neither a database nor the lake.
 """
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -45,6 +44,7 @@ from pydantic import Field
 
 from cues_platform.participants.errors import ParticipantConfigError
 from cues_platform.participants.model import Role
+from cues_platform.settings import current, secret
 
 PARTICIPANTS_ENV = "CUES_PARTICIPANTS"
 DEFAULT_PARTICIPANTS = "bank-a:producer,bank-x:consumer"
@@ -99,7 +99,8 @@ def parse_participants(text: str) -> list[ParticipantConfig]:
 
 
 def configured_participants() -> list[ParticipantConfig]:
-    return parse_participants(os.environ.get(PARTICIPANTS_ENV, "").strip() or DEFAULT_PARTICIPANTS)
+    """``$CUES_PARTICIPANTS`` (through ``cues_platform.settings``) or DEFAULT_PARTICIPANTS."""
+    return parse_participants((current().participants or "").strip() or DEFAULT_PARTICIPANTS)
 
 
 def asset_key(participant: str) -> AssetKey:
@@ -109,9 +110,8 @@ def asset_key(participant: str) -> AssetKey:
 def _dsn(participant: str, dsn: str | None) -> str:
     from cues_platform.participants.db import participant_dsn
 
-    env = os.environ.get(f"CUES_PARTICIPANT_DSN_{participant.upper().replace('-', '_')}")
-    return participant_dsn(participant, dsn=dsn or env,
-                           data_dir=os.environ.get("CUES_PARTICIPANTS_DATA", ".cues/participants"))
+    env = secret(f"CUES_PARTICIPANT_DSN_{participant.upper().replace('-', '_')}")  # never logged
+    return participant_dsn(participant, dsn=dsn or env, data_dir=current().participants_data)
 
 
 def consistency_result(participant: str, dsn: str) -> AssetCheckResult:

@@ -39,6 +39,7 @@ import threading
 import time
 
 from cues_platform.errors import ConfigurationError
+from cues_platform.settings import current
 
 CLOCK_FILE_ENV = "CUES_CLOCK_FILE"
 
@@ -77,7 +78,7 @@ def _file_offset(path: str) -> int:
 
 def clock_file() -> str | None:
     """The shared offset file this process reads (``CUES_CLOCK_FILE``), or None."""
-    return os.environ.get(CLOCK_FILE_ENV) or None
+    return current().clock_file or None
 
 
 def offset_ms() -> int:
@@ -88,7 +89,7 @@ def offset_ms() -> int:
 
 def now_ms() -> int:
     """Milliseconds since the Unix epoch, as the platform sees them (real time + the offset)."""
-    path = os.environ.get(CLOCK_FILE_ENV)
+    path = current().clock_file
     return time.time_ns() // 1_000_000 + _offset_ms + (_file_offset(path) if path else 0)
 
 

@@ -8,12 +8,13 @@ anything else is a bug: one line naming it and exit 3. The traceback is printed 
 
 from __future__ import annotations
 
-import os
 import sys
 import traceback
 from typing import NoReturn
 
 import click
+
+from cues_platform.settings import current
 
 DEBUG_ENV = "CUES_DEBUG"
 EXIT_BAD_INPUT = 2  # a CuesError, or a storage fault: the input, the settings or the lake must change
@@ -21,7 +22,7 @@ EXIT_BUG = 3  # an unexpected exception: a bug to report
 
 
 def debugging() -> bool:
-    return os.environ.get(DEBUG_ENV, "").strip() not in ("", "0")
+    return current().debug
 
 
 def bug_hint() -> str:

@@ -23,6 +23,7 @@ import warnings
 from pathlib import Path
 
 from cues_platform.errors import ConfigurationError
+from cues_platform.settings import current
 
 DSN_ENV = "CUES_POSTGRES_DSN"
 
@@ -78,7 +79,7 @@ def dsn_from_env(default_data_dir: str | Path) -> str:
 
     The DSN may hold a password: callers must not log it.
     """
-    dsn = os.environ.get(DSN_ENV, "").strip()
+    dsn = current().postgres_dsn
     if dsn:
         return dsn
     return embedded_postgres(default_data_dir)

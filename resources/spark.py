@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import os
-
-from dagster import EnvVar
-
 from cues_platform.dagster import CuesSparkResource
 
 
 def spark_resource() -> CuesSparkResource:
-    """One session per run process (dagster-pyspark's lazy resource with the platform defaults)."""
-    if os.environ.get("CUES_SPARK_MASTER"):
-        return CuesSparkResource(master=EnvVar("CUES_SPARK_MASTER"))
+    """One session per run process (dagster-pyspark's lazy resource with the platform defaults);
+    ``master`` unset: the run reads ``$CUES_SPARK_MASTER`` (``cues_platform.settings``) when it
+    starts its session."""
     return CuesSparkResource()
 
 

@@ -3,50 +3,61 @@
 Every field has a local default, so ``build_definitions(graph)`` runs with zero set-up; each is
 configurable in the launchpad / run config, and every one can come from the environment with
 :class:`dagster.EnvVar` (``LakeResource(root=EnvVar("CUES_LAKE"))``), which Dagster resolves at
-run time and never stores in run config. Secrets for object stores go through
+run time and never stores in run config; a field left unset is read from
+``cues_platform.settings`` when the run uses it (never when the code location is loaded). Secrets for object stores go through
 ``secret_options_env`` (delta-rs option -> environment variable name): they are read in the run
 process and never appear in Dagster's storage or UI.
 """
 
-import os
 from typing import Any
 
 from dagster import ConfigurableResource, InitResourceContext
 from dagster_pyspark import LazyPySparkResource
 from pydantic import Field, PrivateAttr
 
+from cues_platform.errors import ConfigurationError
 from cues_platform.processing.backing import BackingQueue
 from cues_platform.queues import Lake
+from cues_platform.settings import current, secret
 from cues_platform.spark.session import SparkSettings, get_spark
 
 LAKE_ENV = "CUES_LAKE"
 SPARK_MASTER_ENV = "CUES_SPARK_MASTER"
+ROOT_SETTINGS = ("lake", "participants_lake")
 
 
 class LakeResource(ConfigurableResource):
     """Where the queues live: a local folder or any delta-rs URI (``s3://``, ``abfss://``, ``gs://``).
 
-    ``root`` unset means ``$CUES_LAKE`` or ``./lake``. ``storage_options`` go to delta-rs unchanged
+    ``root`` unset means the setting ``root_setting`` read in the run process (``lake``:
+    ``$CUES_LAKE`` or ``./lake``). ``storage_options`` go to delta-rs unchanged
     (region, endpoint, ...); ``secret_options_env`` maps a delta-rs option to the *name* of an
     environment variable holding its value (``{"AWS_SECRET_ACCESS_KEY": "LAKE_SECRET"}``).
     """
 
-    root: str | None = Field(default=None, description="lake root; default $CUES_LAKE or ./lake")
+    root: str | None = Field(default=None, description="lake root; default: the setting root_setting")
+    root_setting: str = Field(
+        default="lake", description="the setting (cues_platform.settings) that gives the root when "
+        "root is unset: lake ($CUES_LAKE or ./lake) or participants_lake")
     storage_options: dict[str, str] = Field(default_factory=dict,
                                             description="delta-rs storage options (non-secret)")
     secret_options_env: dict[str, str] = Field(
         default_factory=dict, description="delta-rs option -> name of the env var that holds it")
 
     def resolved_root(self) -> str:
-        return self.root or os.environ.get(LAKE_ENV) or "lake"
+        if self.root:
+            return self.root
+        if self.root_setting not in ROOT_SETTINGS:
+            raise ConfigurationError(
+                f"LakeResource.root_setting is {self.root_setting!r}: set it to one of "
+                f"{', '.join(ROOT_SETTINGS)} (or set root)", root_setting=self.root_setting)
+        return getattr(current(), self.root_setting)
 
     def lake(self) -> Lake:
         options = dict(self.storage_options)
         for option, env in self.secret_options_env.items():
-            value = os.environ.get(env)
+            value = secret(env)  # read here, in the run process; never logged
             if value is None:
-                from cues_platform.errors import ConfigurationError
-
                 raise ConfigurationError(
                     f"lake storage option {option!r} comes from environment variable {env!r}, "
                     "which is not set in this process", option=option, env=env)
@@ -74,7 +85,7 @@ class CuesSparkResource(LazyPySparkResource):
         return False
 
     def settings(self) -> SparkSettings:
-        master = self.master or os.environ.get(SPARK_MASTER_ENV) or "local[*]"
+        master = self.master or current().spark_master
         conf = {k: str(v) for k, v in self.spark_config.items()}
         return SparkSettings(master=master, app_name=self.app_name, conf=conf)
 

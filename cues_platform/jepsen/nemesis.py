@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cues_platform.jepsen import workload as w
+from cues_platform.settings import child_environment
 
 GRAPH_FILE = Path(__file__).resolve().parent / "user" / "jepsen_graph.py"
 GRAPH_REF = f"{GRAPH_FILE}:graph"
@@ -121,7 +122,7 @@ def spawn(name: str, kind: str, argv: list[str], log: Path) -> Child:
         out.write(f"\n=== {name}: {' '.join(argv)}\n".encode())
         out.flush()
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                start_new_session=True, env=child_environment({"PYTHONUNBUFFERED": "1"}))
     return Child(name, kind, proc, log)
 
 

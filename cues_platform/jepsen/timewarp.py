@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import queue as queue_mod
 import random
 import signal
@@ -57,6 +56,7 @@ from cues_platform import clock
 from cues_platform.jepsen import workload as w
 from cues_platform.jepsen.checker import footprint
 from cues_platform.jepsen.nemesis import GRAPH_FILE, Child, Nemesis, spawn
+from cues_platform.settings import export
 
 DAY_S = 86_400
 DAY_MS = DAY_S * 1000
@@ -500,5 +500,5 @@ def clock_file_for(run_dir: Path) -> str:
 
 def install_clock(run_dir: Path) -> None:
     """Point this process (and every child it starts) at the run's clock file, at offset 0."""
-    os.environ[clock.CLOCK_FILE_ENV] = clock_file_for(run_dir)
+    export(clock.CLOCK_FILE_ENV, clock_file_for(run_dir))
     clock.reset()

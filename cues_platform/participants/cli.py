@@ -13,7 +13,6 @@ failing when the run was stopped.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -26,9 +25,13 @@ from cues_platform.oneline import EXIT_BAD_INPUT, EXIT_BUG, bug_hint, exception_
 from cues_platform.participants.config import CONFIG_ENV, field_types, to_env
 from cues_platform.participants.model import Role, Settings
 from cues_platform.participants.supervise import Supervisor
+from cues_platform.settings import DEFAULTS, child_environment, current
 from cues_platform.signals import StopSignals
 
-DEFAULT_LAKE = os.environ.get("CUES_LAKE", "lake")
+
+def _default_lake() -> str:
+    """``--lake``'s default, read when a command runs: ``$CUES_LAKE`` or ``lake`` (settings.py)."""
+    return current().lake
 
 
 class _Group(click.Group):
@@ -46,11 +49,11 @@ class _Group(click.Group):
             fail(f"unexpected {exception_line(exc)} {bug_hint()}", exc, EXIT_BUG)
 
 
-lake_option = click.option("--lake", "lake_root", default=DEFAULT_LAKE, show_default=True,
-                           envvar="CUES_LAKE", help="Lake root: a folder or a delta-rs URI.")
+lake_option = click.option("--lake", "lake_root", default=_default_lake, show_default=DEFAULTS.lake,
+                           help="Lake root: a folder or a delta-rs URI.")
 id_option = click.option("--id", "participant", required=True,
                          help="Participant id: lowercase letter, then [a-z0-9_-], <= 64 chars.")
-dsn_option = click.option("--dsn", envvar="CUES_POSTGRES_DSN", default=None,
+dsn_option = click.option("--dsn", default=None,
                           help="PostgreSQL DSN of this participant's database (default: embedded "
                                "pgserver under --data-dir). Never logged.")
 data_dir_option = click.option("--data-dir", default=".cues/participants", show_default=True,
@@ -97,13 +100,13 @@ def _settings(config: str | None, options: dict[str, Any]) -> Settings:
 def _dsn(participant: str, dsn: str | None, data_dir: str) -> str:
     from cues_platform.participants.db import participant_dsn
 
-    return participant_dsn(participant, dsn=dsn, data_dir=data_dir)
+    return participant_dsn(participant, dsn=dsn or current().postgres_dsn or None, data_dir=data_dir)
 
 
 def _existing(participant: str, dsn: str | None, data_dir: str) -> psycopg.Connection:
     from cues_platform.participants.db import connect_existing
 
-    return connect_existing(participant, dsn=dsn, data_dir=data_dir)
+    return connect_existing(participant, dsn=dsn or current().postgres_dsn or None, data_dir=data_dir)
 
 
 @click.group(cls=_Group)
@@ -204,9 +207,8 @@ def run(participant: str, role: str, instances: int, slots: int | None, lake_roo
     settings = _settings(config, options)
     require(Lake(root=lake_root), participant, role)
     resolved = _dsn(participant, dsn, data_dir)  # starts the embedded server once, here
-    env = {k: v for k, v in os.environ.items() if k != CONFIG_ENV}
-    env.update(to_env(settings))  # the instances read them with Settings.from_env
-    env["CUES_POSTGRES_DSN"] = resolved
+    env = child_environment({**to_env(settings),  # the instances read them with Settings.from_env
+                             "CUES_POSTGRES_DSN": resolved}, without=(CONFIG_ENV,))
     command = [sys.executable, "-m", "cues_platform.participants.instance", "--id", participant,
                "--role", role, "--lake", lake_root, "--slots", str(slots or instances)]
     if idle_exit is not None:

@@ -11,13 +11,14 @@ options. The file holds top-level keys named like the fields::
 An unknown key in the file, a value of the wrong type, a negative number or an unreadable file is a
 :class:`SettingsError` naming the key and where it came from (one line on the command line).
 Environment variables that name no field are ignored (the environment is shared, e.g.
-``CUES_PARTICIPANT_DSN_<ID>`` of the Dagster assets).
+``CUES_PARTICIPANT_DSN_<ID>`` of the Dagster assets). The environment is read through
+``cues_platform.settings`` (the platform's one settings place, whose own settings follow the same
+precedence), at call time, never at import time.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import fields
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from cues_platform.participants.errors import SettingsError
+from cues_platform.settings import environment
 
 ENV_PREFIX = "CUES_PARTICIPANT_"
 CONFIG_ENV = "CUES_PARTICIPANT_CONFIG"
@@ -130,7 +132,7 @@ def read_env(cls: type, env: Mapping[str, str]) -> dict[str, object]:
 def load(cls: type, *, config: str | Path | None = None, env: Mapping[str, str] | None = None,
          overrides: Mapping[str, Any] | None = None) -> dict[str, object]:
     """The field values of ``cls`` from file < environment < overrides (None values skipped)."""
-    env = os.environ if env is None else env
+    env = environment() if env is None else env
     values: dict[str, object] = {}
     path = config or env.get(CONFIG_ENV) or None
     if path:

@@ -19,12 +19,13 @@ import sys
 from cues_platform.participants.db import participant_dsn
 from cues_platform.participants.model import Role, Settings
 from cues_platform.queues import Lake
+from cues_platform.settings import current
 from cues_platform.signals import StopSignals
 
 
 def build(args: argparse.Namespace):  # noqa: ANN201
     lake = Lake(root=args.lake)
-    dsn = participant_dsn(args.id, dsn=args.dsn or os.environ.get("CUES_POSTGRES_DSN") or None,
+    dsn = participant_dsn(args.id, dsn=args.dsn or current().postgres_dsn or None,
                           data_dir=args.data_dir)
     instance = args.instance or f"{socket.gethostname()}:{os.getpid()}"
     settings = Settings.from_env()
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slots", type=int, default=1)
     parser.add_argument("--idle-exit", type=float)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=os.environ.get("CUES_LOG_LEVEL", "WARNING"),
+    logging.basicConfig(level=current().log_level,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     inst = build(args)
     with StopSignals(lambda _signum: inst.stop_event.set()):

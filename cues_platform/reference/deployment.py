@@ -17,7 +17,6 @@ the UI): nothing is retried behind the user's back.
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from collections.abc import Sequence
 from datetime import date
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from cues_platform.errors import ConfigurationError, CuesError
+from cues_platform.settings import current, export
 
 JOB_NAME = "payments__all"
 REPORT_ASSET = "settlement_report"
@@ -52,7 +52,7 @@ def _offsets(lake: Any, graph: Any) -> dict[str, dict[str, int]]:
 
 def dagster_home(project: Path) -> Path:
     """``$DAGSTER_HOME``, else the project's ``dagster_home/`` (which holds its ``dagster.yaml``)."""
-    home = Path(os.environ.get("DAGSTER_HOME") or project / DEFAULT_HOME).resolve()
+    home = Path(current().dagster_home or project / DEFAULT_HOME).resolve()
     if not (home / "dagster.yaml").is_file():
         raise ConfigurationError(f"no Dagster instance at {home} (no dagster.yaml): run the demo from the "
                                  f"project folder, or set DAGSTER_HOME to an instance's folder")
@@ -81,7 +81,7 @@ def run_main_job(*, project: Path, lake: Any, graph: Any, days: Sequence[date], 
     home = dagster_home(project)
     defs = load_definitions(project)
     runs: list[str] = []
-    os.environ["DAGSTER_HOME"] = str(home)  # the instance's dagster.yaml reads it (storage base_dir)
+    export("DAGSTER_HOME", str(home))  # the instance's dagster.yaml reads it (storage base_dir)
     with DagsterInstance.from_config(str(home)) as instance:
 
         def execute(job: Any, what: str, **kwargs: Any) -> None:

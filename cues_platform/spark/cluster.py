@@ -13,7 +13,6 @@ every worker ALIVE (its JSON at ``/json/``); :meth:`Cluster.stop` stops them by 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import time
@@ -22,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cues_platform.settings import child_environment
 from cues_platform.spark.daemons import (
     POLL,
     SPARK_HOME,
@@ -34,9 +34,8 @@ from cues_platform.spark.daemons import (
     stop_pids,
     wait_for_line,
 )
-from cues_platform.spark.session import require_java
+from cues_platform.spark.defaults import HOST, require_java
 
-HOST = "127.0.0.1"
 MASTER = "org.apache.spark.deploy.master.Master"
 WORKER = "org.apache.spark.deploy.worker.Worker"
 STARTED_ON = r"Successfully started service '{service}' on port (\d+)"
@@ -110,12 +109,13 @@ def port_taken(port: int) -> bool:
 def daemon_env(*, folder: Path, cores_per_app: int, local_dir: Path | None = None) -> dict[str, str]:
     conf = folder / "conf"  # empty: no spark-defaults.conf or spark-env.sh of the user's leaks in
     conf.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_CONF_DIR": str(conf),
-           "SPARK_LOCAL_IP": HOST, "SPARK_DAEMON_MEMORY": "512m",
-           "SPARK_DAEMON_JAVA_OPTS": daemon_marker(folder),
-           # no REST submission server (fixed port 6066); a taken --port fails instead of moving on
-           "SPARK_MASTER_OPTS": f"-Dspark.master.rest.enabled=false -Dspark.port.maxRetries=0 "
-                                f"-Dspark.deploy.defaultCores={cores_per_app}"}
+    env = child_environment({
+        "SPARK_HOME": str(SPARK_HOME), "SPARK_CONF_DIR": str(conf),
+        "SPARK_LOCAL_IP": HOST, "SPARK_DAEMON_MEMORY": "512m",
+        "SPARK_DAEMON_JAVA_OPTS": daemon_marker(folder),
+        # no REST submission server (fixed port 6066); a taken --port fails instead of moving on
+        "SPARK_MASTER_OPTS": f"-Dspark.master.rest.enabled=false -Dspark.port.maxRetries=0 "
+                             f"-Dspark.deploy.defaultCores={cores_per_app}"})
     if local_dir is not None:
         env["SPARK_LOCAL_DIRS"] = str(local_dir)
     return env

@@ -12,10 +12,13 @@ submits), run in the foreground of a session of its own through ``bin/spark-clas
 - bound to 127.0.0.1 on a free port (or ``port``), Spark's web UI off;
 - its Spark is ``master`` (``local[*]`` by default, or a cluster such as
   ``cues spark cluster up`` starts), with the platform's session defaults
-  (``session.LOCAL_DEFAULTS``: UTC, Parquet timestamps in microseconds, no ``_SUCCESS`` files);
+  (``defaults.LOCAL_DEFAULTS``: UTC, Parquet timestamps in microseconds, no ``_SUCCESS`` files);
 - its Python workers run this interpreter with ``python_path`` on ``PYTHONPATH``: a processor's
   function is pickled by reference to its module, so the workers must import the user's code
   (on a remote server, ship it with ``spark.addArtifacts(..., pyfile=True)``).
+
+The client side (``require_server``, ``close_at_exit``, ``is_connect``) is ``client.py``, the
+defaults both share ``defaults.py``; they are re-exported here for callers of this module.
 
 A server is stopped by PID (SIGTERM, then SIGKILL after a grace period), only while its command
 line still names its folder (a stale state file never signals a process that reused the PID).
@@ -27,6 +30,7 @@ planned again by the next start).
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -35,6 +39,15 @@ from pathlib import Path
 from typing import Any
 
 from cues_platform.errors import CuesError
+from cues_platform.settings import child_environment
+from cues_platform.spark.client import (
+    DEFAULT_PORT,
+    ConnectServerError,
+    ConnectServerUnreachableError,
+    close_at_exit,
+    is_connect,
+    require_server,
+)
 from cues_platform.spark.daemons import (
     POLL,
     SPARK_HOME,
@@ -45,70 +58,16 @@ from cues_platform.spark.daemons import (
     spawn,
     stop_pids,
 )
-from cues_platform.spark.session import (
+from cues_platform.spark.defaults import (
+    HOST,
     LOCAL_DEFAULTS,
     LOCAL_FILES_DEFAULTS,
     LOG_CONFIG,
+    SESSION_DEFAULTS,
     require_java,
 )
 
-HOST = "127.0.0.1"
-DEFAULT_PORT = 15002  # Spark Connect's own default
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
-# Session settings a client sets on attach (runtime SQL settings; the static ones are the server's).
-SESSION_DEFAULTS = {
-    "spark.sql.session.timeZone": "UTC",
-    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
-}
-
-
-class ConnectServerError(CuesError):
-    """A Spark Connect server could not be started, found or stopped."""
-
-
-def is_connect(spark: Any) -> bool:
-    """True for a Spark Connect session (``pyspark.sql.connect``), False for a classic one."""
-    return type(spark).__module__.startswith("pyspark.sql.connect")
-
-
-class ConnectServerUnreachableError(ConnectServerError):
-    """An ``sc://`` URL whose server accepts no connection."""
-
-    retryable = True
-
-
-def require_server(url: str, *, timeout: float = 5.0) -> None:
-    """The server of ``url`` must accept a TCP connection before a session is built: Spark
-    Connect's client retries an unreachable server for at least 10 minutes before it fails."""
-    import socket
-    from urllib.parse import urlparse
-
-    parsed = urlparse(url)
-    host, port = parsed.hostname, parsed.port or DEFAULT_PORT
-    try:
-        with socket.create_connection((host or HOST, port), timeout=timeout):
-            return
-    except OSError as exc:
-        raise ConnectServerUnreachableError(
-            f"the Spark Connect server {url} is unreachable ({exc.strerror or exc}): start it "
-            "(`cues spark connect up` for one on this machine, `cues spark connect status` says "
-            "where it runs) or fix CUES_SPARK_MASTER", url=url) from exc
-
-
-def close_at_exit(session: Any) -> None:
-    """Close the session's channel when the process exits, before pyspark's own exit hook runs
-    (``atexit`` runs last-registered first): that hook sends a clean-up call which, with the
-    server gone, retries for minutes and holds the process's exit. The server ends the session
-    when it expires there."""
-    import atexit
-
-    client = session.client
-    if id(client) not in _CLOSING:  # get_spark returns the same session again: register once
-        _CLOSING.add(id(client))
-        atexit.register(client.close)
-
-
-_CLOSING: set[int] = set()
 
 
 @dataclass(frozen=True)
@@ -157,8 +116,6 @@ def server_argv(*, folder: Path, port: int, master: str, conf: dict[str, str]) -
 
 
 def free_port() -> int:
-    import socket
-
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((HOST, 0))
         return int(probe.getsockname()[1])
@@ -177,10 +134,11 @@ def start_connect_server(*, folder: str | Path, port: int = 0, master: str = "lo
     port = port or free_port()
     log = root / "connect-server.log"
     log.write_text("")  # this start's log only: the readiness line of an earlier start must not count
-    code = str(Path(python_path or os.getcwd()).resolve())
-    env = {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": HOST,
-           "SPARK_CONF_DIR": str(_empty_conf(root)), "PYSPARK_PYTHON": sys.executable,
-           "PYTHONPATH": os.pathsep.join(p for p in (code, os.environ.get("PYTHONPATH", "")) if p)}
+    code = str(Path(python_path or Path.cwd()).resolve())
+    env = child_environment()
+    env.update({"SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": HOST,
+                "SPARK_CONF_DIR": str(_empty_conf(root)), "PYSPARK_PYTHON": sys.executable,
+                "PYTHONPATH": os.pathsep.join(p for p in (code, env.get("PYTHONPATH", "")) if p)})
     extra = dict(conf or {})
     if not master.startswith("local"):
         extra.setdefault("spark.executorEnv.PYTHONPATH", code)
@@ -207,8 +165,6 @@ def wait_listening(server: ConnectServer, *, deadline: float,
                    on_exit: Callable[[str], CuesError]) -> None:
     """Poll until the server's gRPC port accepts a connection (its log is errors only, so it has
     no "started" line to wait for); a server that exits or a deadline that passes is an error."""
-    import socket
-
     log = Path(server.log)
     while True:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -231,6 +187,6 @@ def _empty_conf(root: Path) -> Path:
     return conf
 
 
-__all__ = ["SESSION_DEFAULTS", "ConnectServer", "ConnectServerError",
+__all__ = ["DEFAULT_PORT", "HOST", "SESSION_DEFAULTS", "ConnectServer", "ConnectServerError",
            "ConnectServerUnreachableError", "close_at_exit", "is_connect", "require_server",
            "start_connect_server"]

@@ -13,49 +13,25 @@ the JVM exits when its gateway's stdin closes, i.e. when that process ends, howe
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
 import socket
-import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from cues_platform.errors import ConfigurationError, JavaNotFoundError
-
-MIN_JAVA = 17
-
-
-def java_major_version() -> int | None:
-    """The major version of the ``java`` Spark will use (JAVA_HOME first), or None."""
-    home = os.environ.get("JAVA_HOME")
-    java = os.path.join(home, "bin", "java") if home else shutil.which("java")
-    if not java or not os.path.exists(java):
-        return None
-    try:
-        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    match = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
-    if not match:
-        return None
-    major = int(match.group(1))
-    return int(match.group(2) or 0) if major == 1 else major
-
-
-def require_java() -> int:
-    version = java_major_version()
-    if version is None or version < MIN_JAVA:
-        found = "no java on PATH or JAVA_HOME" if version is None else f"Java {version}"
-        raise JavaNotFoundError(
-            f"Spark needs Java {MIN_JAVA}+ but found {found}: install it (Debian/Ubuntu: "
-            f"apt-get install openjdk-17-jre-headless) or set JAVA_HOME",
-            found=version,
-        )
-    return version
+from cues_platform.errors import ConfigurationError
+from cues_platform.settings import current, export
+from cues_platform.spark.client import close_at_exit, require_server
+from cues_platform.spark.defaults import (
+    JAVA_OPTIONS_KEY,
+    LOCAL_DEFAULTS,
+    LOCAL_FILES_DEFAULTS,
+    LOG_CONFIG,
+    MIN_JAVA,
+    SESSION_DEFAULTS,
+    java_major_version,
+    require_java,
+)
 
 
 @dataclass(frozen=True)
@@ -63,35 +39,6 @@ class SparkSettings:
     master: str = "local[*]"
     app_name: str = "cues_platform"
     conf: Mapping[str, str] = field(default_factory=dict)
-
-
-LOCAL_DEFAULTS = {
-    "spark.ui.enabled": "false",
-    "spark.driver.bindAddress": "127.0.0.1",
-    "spark.driver.host": "127.0.0.1",
-    "spark.sql.shuffle.partitions": "4",
-    "spark.sql.session.timeZone": "UTC",
-    "spark.sql.execution.arrow.pyspark.enabled": "true",
-    "spark.sql.parquet.enableVectorizedReader": "true",
-    "spark.driver.memory": "2g",
-    "spark.ui.showConsoleProgress": "false",
-    # steps written by the executors (processing/executor_output.py): Arrow's timestamp[us, UTC]
-    # in the files, and no _SUCCESS marker in a queue's folder
-    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
-    "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
-}
-
-# Only where the driver reads the same files as the executors (local masters): a step reads the
-# data files the Delta log names, one path each; past 32 paths Spark lists them with a Spark job
-# of its own (parallel partition discovery), a job per step the protocol does not need. On a
-# cluster over object storage the parallel listing may pay off, so it is left as Spark has it.
-LOCAL_FILES_DEFAULTS = {
-    "spark.sql.sources.parallelPartitionDiscovery.threshold": "100000",
-}
-
-
-LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
-JAVA_OPTIONS_KEY = "spark.driver.extraJavaOptions"
 
 
 def driver_java_options(settings: SparkSettings) -> str:
@@ -109,10 +56,10 @@ def use_this_python(settings: SparkSettings) -> None:
     kept. Only for local masters and standalone masters on this machine (``spark://127.0.0.1:…``,
     ``spark://localhost:…``, as ``cues spark cluster up`` starts): their executors run here too. On a
     remote cluster the executors' interpreter is the cluster's business."""
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    export("PYSPARK_DRIVER_PYTHON", sys.executable, keep_existing=True)
     local = settings.master.startswith(("local", "spark://127.0.0.1:", "spark://localhost:"))
     if local and "spark.pyspark.python" not in settings.conf:
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        export("PYSPARK_PYTHON", sys.executable, keep_existing=True)
 
 
 class SparkMasterUnreachableError(ConfigurationError):
@@ -143,9 +90,11 @@ def _classic(options: Mapping[str, str]) -> bool:
     driver JVM this process starts) with these options, rather than a Spark Connect one."""
     from pyspark.util import default_api_mode
 
-    if {"SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE"} & os.environ.keys():
+    s = current()  # pyspark's own variables, read as pyspark reads them (set, even empty: Connect)
+    if any(v is not None for v in (s.spark_connect_mode_enabled, s.spark_remote,
+                                   s.spark_local_remote)):
         return False
-    mode = options.get("spark.api.mode", os.environ.get("SPARK_API_MODE", "")).lower()
+    mode = options.get("spark.api.mode", s.spark_api_mode or "").lower()
     if mode not in ("classic", "connect"):
         mode = default_api_mode()
     return mode == "classic" and "spark.remote" not in options
@@ -190,19 +139,17 @@ def get_spark(settings: SparkSettings | None = None) -> Any:
     """Return the process's Spark session, creating it on first use."""
     from pyspark.sql import SparkSession
 
-    s = settings or SparkSettings(master=os.environ.get("CUES_SPARK_MASTER", "local[*]"))
+    s = settings or SparkSettings(master=current().spark_master)
     use_this_python(s)
     connect = s.master.startswith("sc://")
     if connect:
-        from cues_platform.spark.connect import SESSION_DEFAULTS, require_server
-
         require_server(s.master)
         options = {"spark.remote": s.master, **SESSION_DEFAULTS}  # the server's static settings stay its own
     else:
         if s.master.startswith("spark://"):
             require_master(s.master)
         require_java()
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        export("SPARK_LOCAL_IP", "127.0.0.1", keep_existing=True)
         options = {"spark.master": s.master, **LOCAL_DEFAULTS}
         if s.master.startswith("local"):
             options.update(LOCAL_FILES_DEFAULTS)
@@ -216,9 +163,13 @@ def get_spark(settings: SparkSettings | None = None) -> Any:
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     if connect:
-        from cues_platform.spark.connect import close_at_exit
-
         close_at_exit(session)
     else:
-        session.sparkContext.setLogLevel(os.environ.get("CUES_SPARK_LOG_LEVEL", "ERROR"))
+        session.sparkContext.setLogLevel(current().spark_log_level)
     return session
+
+
+__all__ = ["JAVA_OPTIONS_KEY", "LOCAL_DEFAULTS", "LOCAL_FILES_DEFAULTS", "LOG_CONFIG", "MIN_JAVA",
+           "SparkMasterUnreachableError", "SparkSettings", "driver_java_options", "get_spark",
+           "java_major_version", "launch_driver_jvm", "require_java", "require_master",
+           "use_this_python"]
