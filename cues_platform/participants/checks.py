@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from cues_platform.participants.model import POSTINGS, RESULTS, Role
+from cues_platform.participants.results import Publishers
 
 if TYPE_CHECKING:
     from cues_platform.queues import Lake
@@ -113,8 +114,6 @@ def check_consumer(conn: psycopg.Connection, participant: str, *, lake: Lake | N
     for sender, mids in sorted(routed.items()):
         published: dict[str, int] = {}
         if registered is not None and sender in registered:
-            from cues_platform.participants.results import Publishers
-
             queue = lake.queue(RESULTS)
             table = queue.read_arrow(partition=sender, columns=["_offset", "receiver",
                                                                 "message_id"])

@@ -77,6 +77,7 @@ from cues_platform.processing.graph import (
     QueueDef,
     SnapshotAt,
 )
+from cues_platform.processing.runner import GraphRunner
 from cues_platform.processing.sinks import postgres_once
 from cues_platform.processing.step import Hook
 from cues_platform.queues import Lake
@@ -288,8 +289,6 @@ class ConsumerInstance(InstanceLoop):
 
     def _ensure_runner(self) -> Any:
         if self.runner is None:
-            from cues_platform.processing.runner import GraphRunner
-
             self.runner = GraphRunner(graph=self.graph(), lake=self.lake, spark=self.spark,
                                       keep_results=False, hook=self.hook)
         return self.runner

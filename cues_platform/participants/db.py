@@ -34,6 +34,8 @@ from cues_platform.participants.errors import (
     MissingDatabaseError,
     ParticipantConfigError,
 )
+from cues_platform.participants.ids import validate_participant
+from cues_platform.pgserver_db import embedded_postgres
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -195,8 +197,6 @@ def database_name(participant: str) -> str:
        digits of sha256(id)>``: the prefix keeps it apart from step 2's names, the hash of the
        exact id keeps ``bank_a`` apart from another id with the same stem.
     """
-    from cues_platform.participants.network import validate_participant
-
     pid = validate_participant(participant)  # Step 1
     plain = pid.replace("-", "_")
     if "_" not in pid and len(LEGACY_PREFIX) + len(pid) <= PG_NAME_MAX:  # Step 2
@@ -236,8 +236,6 @@ def participant_dsn(participant: str, *, dsn: str | None = None, data_dir: str |
     per participant, named by the DSN), else its own database on the embedded server under
     ``data_dir``, created when missing unless ``create`` is False (read-only commands: then a
     missing server or database raises :class:`MissingDatabaseError` and nothing is created)."""
-    from cues_platform.participants.network import validate_participant
-
     validate_participant(participant)
     if dsn:
         return dsn
@@ -246,8 +244,6 @@ def participant_dsn(participant: str, *, dsn: str | None = None, data_dir: str |
             "give a participant a DSN (--dsn / $CUES_POSTGRES_DSN) or a data directory for the "
             "embedded PostgreSQL", participant=participant
         )
-    from cues_platform.pgserver_db import embedded_postgres
-
     pg_dir = Path(data_dir) / "pg"
     database = database_name(participant)
     if create:

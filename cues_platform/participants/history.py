@@ -24,6 +24,8 @@ from typing import Any
 import psycopg
 
 from cues_platform.participants.errors import MessageNotFoundError
+from cues_platform.participants.model import POSTINGS, RESULTS
+from cues_platform.queues.schema import OFFSET
 
 PUBLICATIONS_SQL = (
     "SELECT i.slot, i.seq, p.kind, i.replays, p.created_at, p.acked_at, p.attempts, p.last_error "
@@ -112,9 +114,6 @@ def history(*, sender_conn: psycopg.Connection, sender: str, message_id: str,
 def _queue_rows(lake: Any, sender: str, message_id: str, receiver: str | None
                 ) -> dict[str, list[dict[str, Any]]]:
     import pyarrow.compute as pc
-
-    from cues_platform.participants.model import POSTINGS, RESULTS
-    from cues_platform.queues.schema import OFFSET
 
     out: dict[str, list[dict[str, Any]]] = {POSTINGS: [], RESULTS: []}
     wanted = {POSTINGS: (receiver, ["sender", "receiver", "message_id", "replays", "last_datum"]),

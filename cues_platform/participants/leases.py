@@ -36,12 +36,14 @@ taken over later. The other ``now()`` rules of the participants (``publications.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
 import psycopg
 
+from cues_platform.participants.db import Database
 from cues_platform.participants.errors import LeaseLostError, ParticipantError
 
 log = logging.getLogger(__name__)
@@ -175,10 +177,6 @@ class LeaseKeeper:
 
     def __init__(self, dsn: str, *, app: str, names: Sequence[str], owner: str, ttl: float,
                  pattern: str | None = None) -> None:
-        import threading
-
-        from cues_platform.participants.db import Database
-
         self.db = Database(dsn, app=app, attempts=3, max_delay=ttl / 2)
         self.names, self.owner, self.ttl, self.pattern = list(names), owner, ttl, pattern
         self.leases: dict[str, Lease] = {}

@@ -22,6 +22,8 @@ from enum import StrEnum
 
 import pyarrow as pa
 
+from cues_platform.participants import config as cfg
+
 POSTINGS = "postings"
 RESULTS = "results"
 UTC_TS = pa.timestamp("us", tz="UTC")
@@ -106,10 +108,8 @@ class Settings:
     bail_stuck_after: int = 8
 
     def __post_init__(self) -> None:
-        from cues_platform.participants.config import check
-
         for name in self.__dataclass_fields__:
-            check(name, getattr(self, name), source="Settings")
+            cfg.check(name, getattr(self, name), source="Settings")
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -120,9 +120,7 @@ class Settings:
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> Settings:
         """Defaults < the TOML file ``path`` (no environment)."""
-        from cues_platform.participants import config
-
-        return cls(**config.read_file(cls, path))  # type: ignore[arg-type]
+        return cls(**cfg.read_file(cls, path))  # type: ignore[arg-type]
 
     @classmethod
     def load(cls, *, config: str | os.PathLike[str] | None = None,
@@ -130,6 +128,4 @@ class Settings:
              overrides: Mapping[str, object] | None = None) -> Settings:
         """Defaults < ``config`` file (else ``$CUES_PARTICIPANT_CONFIG``) < environment <
         ``overrides``; a bad key or value raises ``SettingsError`` naming it."""
-        from cues_platform.participants import config as cfg
-
         return cls(**cfg.load(cls, config=config, env=env, overrides=overrides))  # type: ignore[arg-type]

@@ -7,10 +7,10 @@ POSTINGS has its subject, a producer when RESULTS has its subject.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
-from cues_platform.participants.errors import ParticipantConfigError, UnknownParticipantError
+from cues_platform.participants.errors import UnknownParticipantError
+from cues_platform.participants.ids import validate_participant
 from cues_platform.participants.model import (
     POSTINGS,
     POSTINGS_SCHEMA,
@@ -21,28 +21,6 @@ from cues_platform.participants.model import (
 from cues_platform.queues import Lake, Queue
 
 PLACEHOLDER = "0"
-
-
-ID_MAX = 64  # a participant id is a POSTINGS/RESULTS subject: partitions have 64 characters at most
-_ID = re.compile(rf"[a-z][a-z0-9_-]{{0,{ID_MAX - 1}}}")  # fullmatch: `$` accepts a trailing "\n"
-
-
-def validate_participant(participant: object) -> str:
-    """THE rule for participant ids, used by every command and function that takes one: a
-    lowercase letter, then lowercase letters, digits, ``-`` or ``_``; 64 characters at most.
-
-    Lowercase only, so that no two ids differ by case alone (``Bank-A`` and ``bank-a`` would be two
-    subjects but one database on a case-folding mapping); ``db.database_name`` maps valid ids to
-    databases injectively."""
-    if isinstance(participant, str) and _ID.fullmatch(participant):
-        return participant
-    hint = ""
-    if isinstance(participant, str) and _ID.fullmatch(participant.lower()):
-        hint = f" (ids are lowercase: {participant.lower()!r})"
-    raise ParticipantConfigError(
-        f"invalid participant id {participant!r}: use a lowercase letter, then lowercase letters, "
-        f"digits, '-' or '_', {ID_MAX} characters at most{hint}", participant=participant
-    )
 
 
 def _queue(lake: Lake, name: str, schema, parts: list[str]) -> Queue:  # noqa: ANN001

@@ -42,8 +42,10 @@ from typing import Any
 
 import psycopg
 
+from cues_platform.participants.consumer import ConsumerInstance
 from cues_platform.participants.errors import PassFailedError
 from cues_platform.participants.model import POSTINGS, Role, Settings
+from cues_platform.participants.producer import ProducerInstance
 from cues_platform.queues import Lake
 
 
@@ -72,12 +74,8 @@ def make_instance(participant: str, role: Role | str, *, lake: Lake, dsn: str, i
                   slots: int = 1, settings: Settings | None = None, spark: Any = None) -> Any:
     settings = settings or Settings.from_env()
     if Role(role) is Role.PRODUCER:
-        from cues_platform.participants.producer import ProducerInstance
-
         return ProducerInstance(participant=participant, lake=lake, dsn=dsn,
                                 instance_id=instance_id, slots=slots, settings=settings)
-    from cues_platform.participants.consumer import ConsumerInstance
-
     return ConsumerInstance(participant=participant, lake=lake, dsn=dsn, instance_id=instance_id,
                             settings=settings, spark=spark)
 

@@ -25,22 +25,17 @@ POSTINGS keeps its data) is processed normally.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import psycopg
 
 from cues_platform.participants import leases
 from cues_platform.participants.errors import LeaseLostError
+from cues_platform.participants.slots import ProducerSide
+from cues_platform.participants.trail import audit_many
 
-if TYPE_CHECKING:
-    from cues_platform.participants.producer import ProducerInstance
 
-
-def replay_pending(inst: ProducerInstance, *, limit: int | None = None) -> int:
+def replay_pending(inst: ProducerSide, *, limit: int | None = None) -> int:
     """Step 2 for up to ``limit`` (default: batch_size) messages per publication, repeated until
     no eligible message is left; returns how many messages were replayed."""
-    from cues_platform.participants.producer import audit_many
-
     lease, slot = inst.lease, inst.slot
     if lease is None or slot is None:
         return 0

@@ -38,17 +38,16 @@ import json
 import logging
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 import pyarrow as pa
 
 from cues_platform.participants.model import RESULTS, ProcessingStatus
+from cues_platform.participants.slots import ProducerSide
+from cues_platform.participants.trail import audit_many, record_issue
 from cues_platform.queues import Queue
 from cues_platform.queues.integrity import RANGES_KEY, TableStorage, _parse_ranges, commit_path
-
-if TYPE_CHECKING:
-    from cues_platform.participants.producer import ProducerInstance
 
 log = logging.getLogger(__name__)
 CONSUMER_PROCESSOR = "consume-"  # the consumer's processor id is consume-{participant}
@@ -177,14 +176,14 @@ class Publishers:
 _publishers: weakref.WeakKeyDictionary[Any, Publishers] = weakref.WeakKeyDictionary()
 
 
-def publishers_of(inst: ProducerInstance) -> Publishers:
+def publishers_of(inst: ProducerSide) -> Publishers:
     pubs = _publishers.get(inst)
     if pubs is None or pubs.queue is not inst.results:
         pubs = _publishers[inst] = Publishers(inst.results, inst.n)
     return pubs
 
 
-def apply_results_once(inst: ProducerInstance) -> int:
+def apply_results_once(inst: ProducerSide) -> int:
     """Apply the next RESULTS of subject n, exactly once; returns how many were read."""
     pubs = publishers_of(inst)
 
@@ -232,12 +231,10 @@ def _publisher_problem(r: dict[str, Any], receiver: str, commit: Commit | None) 
     return None
 
 
-def apply(inst: ProducerInstance, conn: psycopg.Connection, table: pa.Table,
+def apply(inst: ProducerSide, conn: psycopg.Connection, table: pa.Table,
           commits: dict[int, Commit | None] | None = None) -> None:
     """Steps 3-4 for the rows of ``table`` (``commits``: each offset's commit; None: none known,
     every row judged by its receiver column)."""
-    from cues_platform.participants.producer import audit_many, record_issue
-
     def issue(kind: str, **kw: Any) -> None:
         inst.stats["issues"] += 1
         record_issue(conn, kind, instance=inst.instance, **kw)

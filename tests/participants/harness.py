@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psycopg
 
-from cues_platform.participants.producer import Posting
+from cues_platform.participants.postings import Posting
 from tests.support import ROOT
 
 ENTRY = [sys.executable, "-m", "cues_platform.participants.instance"]

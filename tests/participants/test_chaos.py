@@ -50,7 +50,7 @@ import pytest
 from cues_platform.participants.db import Database
 from cues_platform.participants.model import POSTINGS, RESULTS, RESULTS_SCHEMA
 from cues_platform.participants.network import register
-from cues_platform.participants.producer import post_many
+from cues_platform.participants.postings import post_many
 from cues_platform.queues import Lake
 from tests.participants.harness import (
     Network,

@@ -22,7 +22,7 @@ from cues_platform.participants.checks import check_producer
 from cues_platform.participants.db import Database
 from cues_platform.participants.model import POSTINGS, RESULTS, RESULTS_SCHEMA
 from cues_platform.participants.network import register
-from cues_platform.participants.producer import post_many
+from cues_platform.participants.postings import post_many
 from cues_platform.queues import Lake
 from tests.participants.harness import (
     Instance,

@@ -22,7 +22,7 @@ from cues_platform.participants.checks import check_producer
 from cues_platform.participants.db import Database, ensure_database
 from cues_platform.participants.model import RESULTS, RESULTS_SCHEMA, Role
 from cues_platform.participants.network import register
-from cues_platform.participants.producer import Posting, post_many
+from cues_platform.participants.postings import Posting, post_many
 from cues_platform.queues import Lake
 
 _n = itertools.count()

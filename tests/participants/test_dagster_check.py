@@ -8,7 +8,7 @@ from dagster import Definitions
 
 from assets.participants import consistency_result, participant_defs
 from cues_platform.participants.db import Database
-from cues_platform.participants.producer import record_issue
+from cues_platform.participants.trail import record_issue
 
 
 def test_asset_check_fails_on_consistency_issue(make_db: Callable[[str], str]) -> None:

@@ -17,7 +17,8 @@ from cues_platform.participants.consumer import ConsumerInstance
 from cues_platform.participants.db import MIGRATIONS
 from cues_platform.participants.model import RESULTS, RESULTS_SCHEMA, Settings
 from cues_platform.participants.network import register
-from cues_platform.participants.producer import Posting, ProducerInstance, post_many
+from cues_platform.participants.postings import Posting, post_many
+from cues_platform.participants.producer import ProducerInstance
 from cues_platform.pgserver_db import stop_embedded_postgres
 from cues_platform.queues import Lake
 from tests.docs.conftest import make_workspace, run_printed, shell_env

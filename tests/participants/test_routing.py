@@ -17,7 +17,8 @@ from cues_platform.participants.checks import check_consumer, check_producer
 from cues_platform.participants.consumer import ConsumerInstance
 from cues_platform.participants.model import POSTINGS, POSTINGS_SCHEMA, RESULTS, Settings
 from cues_platform.participants.network import register
-from cues_platform.participants.producer import Posting, ProducerInstance, post_many
+from cues_platform.participants.postings import Posting, post_many
+from cues_platform.participants.producer import ProducerInstance
 from cues_platform.queues import Lake
 
 FAST = Settings(lease_seconds=3, replay_after=3600.0, idle_poll=0.01, batch_size=50)

@@ -17,7 +17,8 @@ from cues_platform.participants.checks import check_participant, check_producer
 from cues_platform.participants.consumer import ConsumerInstance
 from cues_platform.participants.model import POSTINGS, POSTINGS_SCHEMA, RESULTS, RESULTS_SCHEMA
 from cues_platform.participants.network import register
-from cues_platform.participants.producer import Posting, ProducerInstance, post_many
+from cues_platform.participants.postings import Posting, post_many
+from cues_platform.participants.producer import ProducerInstance
 from cues_platform.queues import Lake
 from cues_platform.queues.appender import append_batches
 from tests.participants.test_routing import FAST, drain, rows

@@ -22,8 +22,9 @@ from cues_platform.participants.db import Database
 from cues_platform.participants.leases import plan
 from cues_platform.participants.model import POSTINGS, RESULTS, Settings
 from cues_platform.participants.network import register
-from cues_platform.participants.producer import Posting, bail_delay, post_many, producer_id
+from cues_platform.participants.postings import Posting, post_many
 from cues_platform.participants.replay import replay_pending
+from cues_platform.participants.slots import bail_delay, producer_id
 from cues_platform.queues import Lake, Producer
 from tests.participants.harness import Instance, Network, child_env, wait_until
 from tests.participants.takeover_support import (
