@@ -47,188 +47,36 @@ Checks (each PASS/FAIL with examples):
    versions (a lane of the workload, exactly_once, its home and the queue partitions it reads);
    no backing queue of any other processor id exists, and the incompatible version's own queue
    ``enriched_v2`` holds no row: nothing ran under an incompatible version.
+
+With ``--time``, the time nemesis's checks follow (``timecheck.py``). Floors: ``verdict`` (what
+the checker knows, its verdicts) and ``lakeread`` (raw reads of the lake) at the bottom;
+``timecheck`` on them; this module, which runs every check, on top.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 from deltalake import DeltaTable
 
+from cues_platform.jepsen import lakeread as lr
 from cues_platform.jepsen import workload as w
+from cues_platform.jepsen.lakeread import footprint, key_queue, open_table, read_table, start_offset
+from cues_platform.jepsen.timecheck import check_time
+from cues_platform.jepsen.verdict import CheckReport, CheckResult, Expectation, format_checks
 
-EXAMPLES = 5
 COMMITTED, ABORTED = 1, 2
-
-
-@dataclass(frozen=True)
-class Expectation:
-    """What the checker knows without the platform: the acknowledged keys (from the feeders' ack
-    logs), the keys of transactions aborted on purpose, every key of the plan, and the user's
-    rejection rule."""
-
-    acked: frozenset[str]
-    aborted_keys: frozenset[str]
-    known_keys: frozenset[str]
-    partition_of: Mapping[str, str]  # every planned key (aborted ones too) -> its partition
-    is_rejected: Callable[[str], bool] = w.is_rejected
-    redeploys: tuple[dict, ...] = ()  # the redeploy nemesis's records (workload.REDEPLOY_LOG)
-    time_records: tuple[dict, ...] = ()  # the time nemesis's records (workload.TIME_LOG)
-    run_dir: Path | None = None  # the runners' logs (the time nemesis's timing check reads them)
-    # acknowledged key -> (input queue, partition, offset), from the feeders' AppendResult ranges
-    offsets: Mapping[str, tuple[str, str, int]] = field(default_factory=dict)
-    # (partition, offset, key) of every row of merged the lagging (non-expendable) tailer read
-    merged_read: tuple[tuple[str, int, str], ...] = ()
-
-    @classmethod
-    def from_run(cls, plan: w.Plan, run_dir: str | Path) -> Expectation:
-        return cls(acked=frozenset(w.acked_keys(plan, run_dir)), aborted_keys=plan.aborted_keys,
-                   known_keys=plan.all_keys, partition_of=plan.partition_of,
-                   redeploys=tuple(w.read_redeploys(run_dir)),
-                   time_records=tuple(w.read_time_log(run_dir)), run_dir=Path(run_dir),
-                   offsets=w.acked_offsets(plan, run_dir), merged_read=tuple(w.read_lagging(run_dir)))
-
-
-@dataclass
-class CheckResult:
-    name: str
-    checked: int = 0
-    violations: list[str] = field(default_factory=list)
-    total_violations: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return self.total_violations == 0
-
-    def fail(self, message: str) -> None:
-        self.total_violations += 1
-        if len(self.violations) < EXAMPLES:
-            self.violations.append(message)
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, "ok": self.ok, "checked": self.checked,
-                "violations": self.total_violations, "examples": self.violations}
-
-
-@dataclass
-class CheckReport:
-    checks: list[CheckResult]
-    counts: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return all(c.ok for c in self.checks)
-
-    def check(self, name: str) -> CheckResult:
-        return next(c for c in self.checks if c.name == name)
-
-    def failed(self) -> list[str]:
-        return [c.name for c in self.checks if not c.ok]
-
-    def to_dict(self) -> dict:
-        return {"ok": self.ok, "counts": self.counts, "checks": [c.to_dict() for c in self.checks]}
-
-
-# -- raw access ------------------------------------------------------------------------------------
-def _is_table(path: Path) -> bool:
-    return (path / "_delta_log").is_dir()
-
-
-def _open(path: Path) -> DeltaTable | None:
-    return DeltaTable(str(path)) if _is_table(path) else None
-
-
-def _read(path: Path, columns: list[str] | None = None) -> pa.Table | None:
-    """The rows the table holds now (the current snapshot). Rows a retention delete removed are
-    gone: the checker never reads them back from older versions (a real deployment's log
-    retention trims those), it proves them from what a deployment keeps (``Expectation``)."""
-    dt = _open(path)
-    if dt is None:
-        return None
-    names = set(pa.schema(dt.schema()).names)
-    wanted = None if columns is None else [c for c in columns if c in names]
-    return dt.to_pyarrow_table(columns=wanted)
-
-
-def start_offset(dt: DeltaTable, partition: str) -> int:
-    """The partition's start offset: the app transaction ``start:{partition}`` (0 when absent);
-    rows below it were removed by retention on purpose."""
-    v = dt.transaction_version(f"start:{partition}")
-    return 0 if v is None else int(v)
-
-
-def footprint(path: Path) -> dict:
-    """What a queue costs on disk: live bytes (files the current snapshot references), removed
-    bytes (Parquet files on disk that it does not: compacted or retained away, waiting for
-    vacuum's real-time retention, or an append's files not committed yet), ``_delta_log``
-    entries (commits in all; since the newest checkpoint) and the newest checkpoint's bytes."""
-    from urllib.parse import unquote
-
-    dt = DeltaTable(str(path))
-    adds = dt.get_add_actions(flatten=True)
-    live_paths = {unquote(p) for p in adds["path"].to_pylist()}
-    live = sum(adds["size_bytes"].to_pylist())
-    removed = removed_files = 0
-    for folder, dirs, files in os.walk(path):
-        if "_delta_log" in dirs:
-            dirs.remove("_delta_log")
-        for name in files:
-            if name.endswith(".parquet"):
-                rel = os.path.relpath(os.path.join(folder, name), path)
-                if rel not in live_paths:
-                    removed += os.path.getsize(os.path.join(folder, name))
-                    removed_files += 1
-    log = path / "_delta_log"
-    names = os.listdir(log)
-    commits = [int(n[:20]) for n in names if n.endswith(".json") and n[:20].isdigit()]
-    checkpoints = [n for n in names if ".checkpoint." in n and n.endswith(".parquet")]
-    cp_version = max((int(n[:20]) for n in checkpoints), default=-1)
-    cp_bytes = sum(os.path.getsize(log / n) for n in checkpoints if int(n[:20]) == cp_version)
-    return {"version": dt.version(), "live_bytes": live, "live_files": adds.num_rows,
-            "removed_bytes": removed, "removed_files": removed_files, "log_entries": len(commits),
-            "entries_since_checkpoint": sum(v > cp_version for v in commits),
-            "checkpoint_version": cp_version, "checkpoint_bytes": cp_bytes,
-            "checkpoint_app_transactions": sum(
-                _checkpoint_txns(log / n) for n in checkpoints if int(n[:20]) == cp_version),
-            "checkpoint_tombstones": sum(
-                _checkpoint_txns(log / n, action="remove") for n in checkpoints if int(n[:20]) == cp_version),
-            "checkpoint_rows": sum(_checkpoint_rows(log / n) for n in checkpoints if int(n[:20]) == cp_version)}
-
-
-def _checkpoint_rows(file: Path) -> int:
-    import pyarrow.parquet as pq
-
-    return pq.ParquetFile(file).metadata.num_rows
-
-
-def _checkpoint_txns(file: Path, *, action: str = "txn") -> int:
-    """App transactions (``txn`` actions; or another action, e.g. ``remove``: the tombstones kept
-    for ``delta.deletedFileRetentionDuration``, judged by delta-rs on the real clock) a checkpoint
-    file holds: every snapshot load reads them."""
-    import pyarrow.parquet as pq
-
-    if action not in pq.read_schema(file).names:
-        return 0
-    return pq.read_table(file, columns=[action])[action].is_valid().to_pylist().count(True)
-
-
-def _tables_under(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if _is_table(p)) if folder.is_dir() else []
-
-
-def _key_queue(root: Path, name: str) -> Path:
-    return root / "queues" / name
+__all__ = ["CheckReport", "CheckResult", "Expectation", "check_lake", "footprint", "format_checks",
+           "start_offset"]
 
 
 def decisions(root: Path, result: CheckResult) -> dict[str, int]:
     """txn id -> COMMITTED | ABORTED from the coordinator's rows (both: a violation)."""
-    table = _read(root / "_cues" / "transactions", ["txn_id", "action"])
+    table = read_table(root / "_cues" / "transactions", ["txn_id", "action"])
     out: dict[str, int] = {}
     if table is None:
         return out
@@ -249,11 +97,11 @@ def visible_keys(root: Path, queue: str, decided: dict[str, int],
     """({(partition, offset): key} of the visible rows, hidden keys) of an input queue under
     read_committed (what is left of it above its start offsets), checking each transaction's
     queue marker against the coordinator."""
-    path = _key_queue(root, queue)
-    dt = _open(path)
+    path = key_queue(root, queue)
+    dt = open_table(path)
     if dt is None:
         return {}, []
-    table = _read(path, ["key", "_txn_id", "_partition", "_offset"])
+    table = read_table(path, ["key", "_txn_id", "_partition", "_offset"])
     txns = table["_txn_id"].to_pylist() if "_txn_id" in table.column_names else [None] * table.num_rows
     for txn in sorted({t for t in txns if t is not None}):
         marker = dt.transaction_version(f"txn:{txn}")
@@ -277,11 +125,11 @@ def check_dense_offsets(root: Path, expectation: Expectation) -> CheckResult:
     absent; next: ``part:{p}``), no gap, no duplicate. Rows of ``merged`` below its start must
     have been read by the lagging tailer (``Expectation.merged_read``), which proves them."""
     result = CheckResult("dense_offsets")
-    for path in [*_tables_under(root / "queues"), *_tables_under(root / "_cues" / "backing")]:
-        table = _read(path, ["_partition", "_offset"])
+    for path in [*lr.tables_under(root / "queues"), *lr.tables_under(root / "_cues" / "backing")]:
+        table = read_table(path, ["_partition", "_offset"])
         if table is None or "_offset" not in table.column_names:
             continue
-        dt = _open(path)
+        dt = open_table(path)
         by_part: dict[str, list[int]] = {}
         for part, off in zip(table["_partition"].to_pylist(), table["_offset"].to_pylist(), strict=True):
             by_part.setdefault(part, []).append(off)
@@ -318,7 +166,7 @@ def merged_history(root: Path, expectation: Expectation, result: CheckResult) ->
     """Every row ``merged`` ever held (key, partition, offset): what is left, plus what the lagging
     tailer read below it (a row read twice, or read with another key than the one still there, is
     a violation)."""
-    table = _read(_key_queue(root, w.MERGED), ["key", "_partition", "_offset"])
+    table = read_table(key_queue(root, w.MERGED), ["key", "_partition", "_offset"])
     if table is None or not expectation.merged_read:
         return table
     seen: dict[tuple[str, int], str] = dict(zip(
@@ -341,41 +189,12 @@ def merged_history(root: Path, expectation: Expectation, result: CheckResult) ->
     return pa.concat_tables([more, table.select(["key", "_partition", "_offset"]).cast(more.schema)])
 
 
-def _bag(root: Path, queue: str) -> Counter[str]:
-    table = _read(_key_queue(root, queue), ["key"])
-    return Counter() if table is None else Counter(table["key"].to_pylist())
-
-
-def _retained(root: Path, queue: str) -> bool:
-    """True when retention moved the start of some partition of ``queue``."""
-    dt = _open(_key_queue(root, queue))
-    return dt is not None and any(start_offset(dt, p) for p in w.PARTITIONS)
-
-
-def _sink_table(root: Path) -> pa.Table | None:
-    return _read(root / w.SINK_TABLE)
-
-
-def _error_rows(root: Path) -> list[dict]:
-    table = _read(_key_queue(root, w.ERRORS), ["processor", "step", "inputs", "exception_type", "_offset"])
-    return [] if table is None else table.to_pylist()
-
-
-def _keys_by_offset(root: Path, queue: str, table: pa.Table | None = None) -> dict[tuple[str, int], str]:
-    """(partition, offset) -> key of every row of ``queue`` (an offset is per partition)."""
-    table = _read(_key_queue(root, queue), ["key", "_partition", "_offset"]) if table is None else table
-    if table is None:
-        return {}
-    return dict(zip(zip(table["_partition"].to_pylist(), table["_offset"].to_pylist(), strict=True),
-                    table["key"].to_pylist(), strict=True))
-
-
 def check_lanes(root: Path, expectation: Expectation, sink: pa.Table | None,
                 error_rows: list[dict]) -> CheckResult:
     """Check 7: keys stay in their feeder's partition through every lane."""
     result = CheckResult("lanes")
     for queue in w.KEY_QUEUES:
-        table = _read(_key_queue(root, queue), ["key", "_partition", "_offset"])
+        table = read_table(key_queue(root, queue), ["key", "_partition", "_offset"])
         if table is None:
             continue
         for key, part, off in zip(table["key"].to_pylist(), table["_partition"].to_pylist(),
@@ -416,7 +235,7 @@ _HOMES = {"merge": w.MERGED, "validate": w.VALIDATED, "split": w.LEFT, "enrich":
 
 
 def _registry_versions(path: Path) -> list[tuple[int, pa.Table]]:
-    dt = _open(path)
+    dt = open_table(path)
     if dt is None:
         return []
     return [(v, DeltaTable(str(path), version=v).to_pyarrow_table()) for v in range(dt.version() + 1)]
@@ -481,7 +300,7 @@ def check_redeploy(root: Path, expectation: Expectation) -> CheckResult:
         if folder.name not in w.LANES and folder.name not in w.MONTHLY_LANES:
             result.fail(f"backing queue {folder.name!r}: a processor id no compatible version has "
                         f"(something ran under an incompatible version)")
-    stray = _read(_key_queue(root, w.ENRICHED_V2), ["key"])
+    stray = read_table(key_queue(root, w.ENRICHED_V2), ["key"])
     if stray is not None:
         result.checked += 1
         if stray.num_rows:
@@ -490,10 +309,18 @@ def check_redeploy(root: Path, expectation: Expectation) -> CheckResult:
     return result
 
 
-def check_lake(root: str | Path, expectation: Expectation) -> CheckReport:
-    """Run every check on the lake at ``root`` (a local folder)."""
-    root = Path(root)
-    rc = CheckResult("read_committed")
+@dataclass
+class _Inputs:
+    """The input queues read_committed: what is left of them above their start offsets."""
+
+    decided: dict[str, int]  # txn id -> COMMITTED | ABORTED
+    present: dict[str, dict[tuple[str, int], str]]  # queue -> {(partition, offset): key} visible
+    hidden: list[str]  # keys of rows not visible
+    starts: dict[tuple[str, str], int]  # (queue, partition) -> start offset
+    in_bag: Counter[str]  # visible key -> how many times
+
+
+def _read_inputs(root: Path, rc: CheckResult) -> _Inputs:
     decided = decisions(root, rc)
     present: dict[str, dict[tuple[str, int], str]] = {}
     hidden: list[str] = []
@@ -501,16 +328,19 @@ def check_lake(root: str | Path, expectation: Expectation) -> CheckReport:
     for queue in (w.SRC_IDEM, w.SRC_TXN):
         present[queue], h = visible_keys(root, queue, decided, rc)
         hidden += h
-        dt = _open(_key_queue(root, queue))
+        dt = open_table(key_queue(root, queue))
         for p in w.PARTITIONS:
             starts[(queue, p)] = 0 if dt is None else start_offset(dt, p)
     in_bag = Counter(k for rows in present.values() for k in rows.values())
-    once = CheckResult("exactly_once")
-    merged = merged_history(root, expectation, once)
-    merged_bag = Counter() if merged is None else Counter(merged["key"].to_pylist())
+    return _Inputs(decided, present, hidden, starts, in_bag)
 
-    # 3. acknowledged: above its partition's start an acknowledged key is where its send put it;
-    # below it, retention removed it, which is right only if every reader had read it (merged has it)
+
+def _check_acknowledged(expectation: Expectation, inputs: _Inputs,
+                        merged_bag: Counter[str]) -> tuple[CheckResult, int]:
+    """Check 3: above its partition's start an acknowledged key is where its send put it; below
+    it, retention removed it, which is right only if every reader had read it (merged has it).
+    Returns the check and how many acknowledged keys were retained away."""
+    in_bag = inputs.in_bag
     ack = CheckResult("acknowledged", checked=len(expectation.acked) + len(in_bag))
     retained_acked = 0
     for key in sorted(expectation.acked):
@@ -520,9 +350,9 @@ def check_lake(root: str | Path, expectation: Expectation) -> CheckReport:
                 ack.fail(f"acknowledged key {key} is not visible in the inputs nor in merged (lost)")
             continue
         queue, part, off = where
-        start = starts.get((queue, part), 0)
+        start = inputs.starts.get((queue, part), 0)
         if off >= start:
-            got = present[queue].get((part, off))
+            got = inputs.present[queue].get((part, off))
             if got != key:
                 ack.fail(f"acknowledged key {key} (sent to {queue}/{part} offset {off}, at or above the "
                          f"start {start}) is not there (found {got!r}): lost")
@@ -536,30 +366,42 @@ def check_lake(root: str | Path, expectation: Expectation) -> CheckReport:
             ack.fail(f"input key {key} is visible {n} times")
         if key not in expectation.known_keys:
             ack.fail(f"input key {key} is not a key of the plan")
-    visible_set = set(in_bag) | {k for k in merged_bag if k in expectation.known_keys}
+    return ack, retained_acked
 
-    # 2. read_committed
-    for key in sorted(visible_set & expectation.aborted_keys):
-        rc.fail(f"key {key} of a transaction the feeder aborted is visible read_committed")
-    invisible = (set(hidden) | set(expectation.aborted_keys)) - visible_set
-    downstream = {q: _bag(root, q) for q in (w.VALIDATED, w.LEFT, w.RIGHT, w.ENRICHED)}
+
+def _downstream(root: Path, expectation: Expectation, merged_bag: Counter[str],
+                sink: pa.Table | None) -> dict[str, Counter[str]]:
+    """Every key of each output (merged's whole history, the sink, monthly_out under --time)."""
+    downstream = {q: lr.bag(root, q) for q in (w.VALIDATED, w.LEFT, w.RIGHT, w.ENRICHED)}
     downstream[w.MERGED] = merged_bag
-    sink = _sink_table(root)
     downstream["sink"] = Counter() if sink is None else Counter(sink["key"].to_pylist())
     if expectation.time_records:
-        downstream[w.MONTHLY_OUT] = _bag(root, w.MONTHLY_OUT)
+        downstream[w.MONTHLY_OUT] = lr.bag(root, w.MONTHLY_OUT)
+    return downstream
+
+
+def _check_nothing_invisible(rc: CheckResult, expectation: Expectation, inputs: _Inputs,
+                             visible_set: set[str], downstream: dict[str, Counter[str]]) -> None:
+    """Check 2, on the keys: none of an aborted transaction is visible, none invisible was
+    processed."""
+    for key in sorted(visible_set & expectation.aborted_keys):
+        rc.fail(f"key {key} of a transaction the feeder aborted is visible read_committed")
+    invisible = (set(inputs.hidden) | set(expectation.aborted_keys)) - visible_set
     for where, bag in downstream.items():
         rc.checked += len(bag)
         for key in sorted(set(bag) & invisible):
             rc.fail(f"{where}: key {key} of an aborted/undecided transaction was processed")
 
-    # 5. error rows (and which keys they cover)
+
+def _check_error_rows(root: Path, expectation: Expectation, merged: pa.Table | None,
+                      error_rows: list[dict]) -> tuple[CheckResult, Counter[str], dict[str, str]]:
+    """Check 5; returns it, the keys rejected legitimately with their batch, and each key whose
+    batch an illegitimate error row swallowed (-> that row)."""
     err = CheckResult("error_rows")
-    at = {q: _keys_by_offset(root, q) for q in (w.SRC_IDEM, w.SRC_TXN, w.VALIDATED, w.LEFT, w.RIGHT)}
-    at[w.MERGED] = _keys_by_offset(root, w.MERGED, merged)
+    at = {q: lr.keys_by_offset(root, q) for q in (w.SRC_IDEM, w.SRC_TXN, w.VALIDATED, w.LEFT, w.RIGHT)}
+    at[w.MERGED] = lr.keys_by_offset(root, w.MERGED, merged)
     covered: Counter[str] = Counter()  # keys rejected legitimately, with their batch
     lost_to: dict[str, str] = {}  # key -> the illegitimate error row that swallowed its batch
-    error_rows = _error_rows(root)
     for row in error_rows:
         err.checked += 1
         what = (f"error row at offset {row.get('_offset')} ({row['processor']} step {row['step']}, "
@@ -580,9 +422,16 @@ def check_lake(root: str | Path, expectation: Expectation) -> CheckReport:
         if not any(expectation.is_rejected(k) for k in keys):
             err.fail(f"{what}: its input range holds no key the user's rule rejects ({len(keys)} keys)")
         covered.update(keys)
+    return err, covered, lost_to
 
-    # 4. exactly once downstream: merged (whole history) and the outputs nobody retains (the sink,
-    # monthly_out under --time) exactly; a queue retention moved, in what is left of it: at most once
+
+def _check_exactly_once(root: Path, once: CheckResult, expectation: Expectation,
+                        visible_set: set[str], downstream: dict[str, Counter[str]],
+                        covered: Counter[str], lost_to: dict[str, str]) -> set[str]:
+    """Check 4: merged (whole history) and the outputs nobody retains (the sink, monthly_out
+    under --time) exactly; a queue retention moved, in what is left of it: at most once. Returns
+    the keys in an error row."""
+    merged_bag = downstream[w.MERGED]
     once.checked += len(visible_set)
     for key in sorted(visible_set | set(merged_bag)):
         n = merged_bag[key]
@@ -598,7 +447,7 @@ def check_lake(root: str | Path, expectation: Expectation) -> CheckReport:
     exact = [where for where in downstream if where != w.MERGED]
     for where in exact:
         bag = downstream[where]
-        partial = where in (w.VALIDATED, w.LEFT, w.RIGHT, w.ENRICHED) and _retained(root, where)
+        partial = where in (w.VALIDATED, w.LEFT, w.RIGHT, w.ENRICHED) and lr.retained(root, where)
         for key in sorted(visible_set | set(bag)):
             n, expected = bag[key], 0 if key in errored else 1
             if n == expected or (partial and n == 0):
@@ -615,8 +464,11 @@ def check_lake(root: str | Path, expectation: Expectation) -> CheckReport:
     for key in sorted(visible_set):
         if expectation.is_rejected(key) and key not in errored:
             once.fail(f"key {key} is rejected by the user's rule but in no error row")
+    return errored
 
-    # 6. sink
+
+def _check_sink(sink: pa.Table | None, sink_bag: Counter[str]) -> CheckResult:
+    """Check 6: every sink row carries a delivery hash, no effect is applied twice."""
     sink_check = CheckResult("sink_once")
     if sink is not None:
         sink_check.checked = sink.num_rows
@@ -624,14 +476,33 @@ def check_lake(root: str | Path, expectation: Expectation) -> CheckReport:
         for key, h in zip(sink["key"].to_pylist(), hashes, strict=True):
             if not h:
                 sink_check.fail(f"sink row of key {key} carries no delivery hash")
-        for key, n in sorted(downstream["sink"].items()):
+        for key, n in sorted(sink_bag.items()):
             if n > 1:
                 sink_check.fail(f"sink effect of key {key} applied {n} times")
+    return sink_check
 
+
+def check_lake(root: str | Path, expectation: Expectation) -> CheckReport:
+    """Run every check on the lake at ``root`` (a local folder)."""
+    root = Path(root)
+    rc = CheckResult("read_committed")
+    inputs = _read_inputs(root, rc)
+    once = CheckResult("exactly_once")
+    merged = merged_history(root, expectation, once)
+    merged_bag = Counter() if merged is None else Counter(merged["key"].to_pylist())
+    ack, retained_acked = _check_acknowledged(expectation, inputs, merged_bag)
+    visible_set = set(inputs.in_bag) | {k for k in merged_bag if k in expectation.known_keys}
+    sink = lr.sink_table(root)
+    downstream = _downstream(root, expectation, merged_bag, sink)
+    _check_nothing_invisible(rc, expectation, inputs, visible_set, downstream)
+    error_rows = lr.error_rows(root)
+    err, covered, lost_to = _check_error_rows(root, expectation, merged, error_rows)
+    errored = _check_exactly_once(root, once, expectation, visible_set, downstream, covered, lost_to)
+    sink_check = _check_sink(sink, downstream["sink"])
     counts = {"acked_keys": len(expectation.acked), "visible_input_keys": len(visible_set),
-              "input_keys_left": len(in_bag), "acked_keys_retained_away": retained_acked,
-              "merged_rows_proven_by_the_lagging_tailer": sum(merged_bag.values()) - sum(_bag(root, w.MERGED).values()),
-              "hidden_input_rows": len(hidden), "transactions_decided": len(decided),
+              "input_keys_left": len(inputs.in_bag), "acked_keys_retained_away": retained_acked,
+              "merged_rows_proven_by_the_lagging_tailer": sum(merged_bag.values()) - sum(lr.bag(root, w.MERGED).values()),
+              "hidden_input_rows": len(inputs.hidden), "transactions_decided": len(inputs.decided),
               "error_rows": err.checked, "keys_in_error_rows": len(errored),
               "enriched_rows": sum(downstream[w.ENRICHED].values()),
               "sink_rows": 0 if sink is None else sink.num_rows}
@@ -639,14 +510,5 @@ def check_lake(root: str | Path, expectation: Expectation) -> CheckReport:
     checks = [check_dense_offsets(root, expectation), rc, ack, once, err, sink_check, lanes,
               check_redeploy(root, expectation)]
     if expectation.time_records:
-        from cues_platform.jepsen.timecheck import check_time
-
         checks += check_time(root, expectation, visible_set - errored, counts)
     return CheckReport(checks=checks, counts=counts)
-
-
-def format_checks(report: CheckReport) -> Iterable[str]:
-    for c in report.checks:
-        yield f"  {'PASS' if c.ok else 'FAIL'}  {c.name:<15} {c.checked:>7,} checked, {c.total_violations} violation(s)"
-        for example in c.violations:
-            yield f"          - {example}"

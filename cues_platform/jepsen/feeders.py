@@ -33,6 +33,7 @@ from pathlib import Path
 
 import click
 
+from cues_platform.clock import now_ms
 from cues_platform.jepsen import workload as w
 from cues_platform.queues import Lake, TransactionalProducer
 from cues_platform.queues.errors import SequenceError, UnknownProducerIdError
@@ -160,8 +161,6 @@ def run_dead(*, lake: Lake, run_dir: Path, index: int, timeout: float) -> None:
     """The time nemesis's dead producer: open a transaction, send ``DEAD_KEYS`` keys to
     ``src_t``, record where they are and the deadline, then wait to be SIGKILLed (it never comes
     back: nobody re-inits its transactional id, so only the timeout can end the transaction)."""
-    from cues_platform.clock import now_ms
-
     txp = TransactionalProducer(lake, transactional_id=f"jepsen-dead-{index}", timeout=timeout)
     txp.init_transactions()
     began = now_ms()

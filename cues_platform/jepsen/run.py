@@ -36,6 +36,9 @@ from cues_platform.jepsen import workload as w
 from cues_platform.jepsen.checker import CheckReport, Expectation, check_lake, format_checks
 from cues_platform.jepsen.feeders import UNVERIFIED_LOG
 from cues_platform.jepsen.nemesis import GRAPH_REF, Background, Nemesis, Stats
+from cues_platform.processing.loader import load_graph
+from cues_platform.processing.runner import create_queues
+from cues_platform.queues import Lake
 
 MAX_EXTRA_FAULT_SECONDS = 180.0
 CALM_S = 30.0  # --time: the most real seconds a fresh runner is left alone to recover and go idle
@@ -161,10 +164,6 @@ class HarnessResult:
 
 
 def _setup(lake_root: Path) -> None:
-    from cues_platform.processing.loader import load_graph
-    from cues_platform.processing.runner import create_queues
-    from cues_platform.queues import Lake
-
     lake = Lake(root=str(lake_root))
     create_queues(load_graph(GRAPH_REF), lake)
     lake.create_queue(w.TXN_PROGRESS, schema=w.PROGRESS, partitions=(w.PROGRESS_PARTITION,), exist_ok=True)

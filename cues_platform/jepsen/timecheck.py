@@ -35,14 +35,12 @@ import statistics
 from collections import Counter
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from deltalake import DeltaTable
 
 from cues_platform.jepsen import workload as w
-
-if TYPE_CHECKING:
-    from cues_platform.jepsen.checker import CheckResult, Expectation
+from cues_platform.jepsen.lakeread import read_table, start_offset
+from cues_platform.jepsen.verdict import CheckResult, Expectation
 
 FACTOR = 1.5
 LIVE_ALLOWANCE = 256 * 1024  # bytes: a partition's files not yet compacted, row-group overhead
@@ -87,8 +85,6 @@ def _events(log: Path) -> list[dict]:
 
 def check_retention(root: Path, expectation: Expectation, delivered: set[str]) -> CheckResult:
     """``delivered``: every visible input key no error row took (what ``enriched`` held, once)."""
-    from cues_platform.jepsen.checker import CheckResult, _read, start_offset
-
     result = CheckResult("retention")
     for queue in MOVED_QUEUES:
         result.checked += 1
@@ -99,7 +95,7 @@ def check_retention(root: Path, expectation: Expectation, delivered: set[str]) -
     # the monthly lane (a registered reader of enriched, one step a month) delivered every key of
     # its input once: monthly_out keeps every row (no policy) and holds as many rows as enriched
     # ever did, partition by partition
-    monthly = _read(root / "queues" / w.MONTHLY_OUT, ["key"])
+    monthly = read_table(root / "queues" / w.MONTHLY_OUT, ["key"])
     got = Counter() if monthly is None else Counter(monthly["key"].to_pylist())
     result.checked += len(delivered)
     for key in sorted(delivered | set(got)):
@@ -147,8 +143,6 @@ def check_retention(root: Path, expectation: Expectation, delivered: set[str]) -
 
 
 def check_footprint(expectation: Expectation, counts: dict) -> CheckResult:
-    from cues_platform.jepsen.checker import CheckResult
-
     result = CheckResult("footprint")
     by_month = {r["month"]: r["queues"] for r in _records(expectation, "footprint")}
     end = by_month.get(YEAR_END)
@@ -294,8 +288,6 @@ def _window(samples: dict[int, list[float]], months: range) -> list[int]:
 
 
 def check_timing(expectation: Expectation, counts: dict) -> CheckResult:
-    from cues_platform.jepsen.checker import CheckResult
-
     result = CheckResult("timing")
     recovery, steps = timing_samples(expectation)
     for what, samples in (("recovery", recovery), ("step", steps)):
@@ -330,8 +322,6 @@ def check_timing(expectation: Expectation, counts: dict) -> CheckResult:
 
 
 def check_dead(root: Path, expectation: Expectation, counts: dict) -> CheckResult:
-    from cues_platform.jepsen.checker import CheckResult, _read
-
     result = CheckResult("dead_txn")
     dead = _records(expectation, "dead_txn")
     if not dead:
@@ -339,7 +329,7 @@ def check_dead(root: Path, expectation: Expectation, counts: dict) -> CheckResul
         return result
     coordinator = root / "_cues" / "transactions"
     dt = DeltaTable(str(coordinator))
-    rows = _read(coordinator, ["txn_id", "action"])
+    rows = read_table(coordinator, ["txn_id", "action"])
     actions: dict[str, set[str]] = {}
     for txn, action in zip(rows["txn_id"].to_pylist(), rows["action"].to_pylist(), strict=True):
         actions.setdefault(txn, set()).add(action)

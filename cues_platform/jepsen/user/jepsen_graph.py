@@ -30,6 +30,7 @@ from cues_platform.processing import (
     QueueDef,
     Strategy,
 )
+from cues_platform.processing.sinks import write_delta_once
 
 
 class Rejected(ValueError):
@@ -73,8 +74,6 @@ def enrich(ctx, **frames):
 def store(ctx, **frames):
     """sink: each step's rows once into a Delta table, keyed by the lane's step (write_delta_once);
     both lanes write the same table, each row naming the lane that applied it."""
-    from cues_platform.processing.sinks import write_delta_once
-
     data = _one(frames).select("key", "n", F.lit(ctx.processor_id).alias(w.SINK_LANE_COLUMN)).toArrow()
     write_delta_once(ctx, table_uri=ctx.lake.root.rstrip("/") + "/" + w.SINK_TABLE,
                      data=data, hash_column="hash")
