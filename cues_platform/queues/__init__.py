@@ -1,6 +1,7 @@
 """Queues: append-only Delta tables with dense offsets, producers, tailers and maintenance."""
 
 from cues_platform.queues.appender import AppendResult
+from cues_platform.queues.coordinator import TxnStatus
 from cues_platform.queues.errors import (
     BatchError,
     ConcurrentAppendError,
@@ -31,7 +32,7 @@ from cues_platform.queues.producer import Acks, AsyncProducer, Producer
 from cues_platform.queues.queue import Queue
 from cues_platform.queues.reader import Isolation, read_arrow, read_spark
 from cues_platform.queues.tailer import Tailer
-from cues_platform.queues.transactions import TransactionalProducer, TxnStatus
+from cues_platform.queues.transactions import TransactionalProducer
 
 __all__ = [
     "Acks",

@@ -57,7 +57,8 @@ from deltalake.exceptions import CommitFailedError
 from cues_platform.clock import now_ms
 from cues_platform.queues.errors import BatchError, ConcurrentAppendError
 from cues_platform.queues.faults import translated
-from cues_platform.queues.maintenance import COMMIT_HOOKS
+from cues_platform.queues.layout import COMMIT_HOOKS, expires
+from cues_platform.queues.layout import PARTITION as PARTITION_ID
 from cues_platform.queues.schema import (
     APPEND_OPTIONS,
     APPEND_TIME,
@@ -75,16 +76,7 @@ from cues_platform.queues.schema import (
 )
 
 if TYPE_CHECKING:
-    from cues_platform.queues.queue import Queue
-
-# app ids that may expire (see the module docstring); everything else never does
-EXPIRING_PREFIXES = ("prod:", "pepoch:", "txn:")
-
-
-def expires(app_id: str) -> bool:
-    """Whether ``app_id`` is written with ``lastUpdated`` (may be expired by Delta's retention)."""
-    return app_id.startswith(EXPIRING_PREFIXES)
-
+    from cues_platform.queues.handle import QueueHandle
 
 def app_transaction(app_id: str, version: int, *, at_ms: int) -> Transaction:
     """The Delta app transaction ``app_id = version``; with ``lastUpdated`` only if
@@ -182,7 +174,7 @@ def _with_metadata(
 
 
 def prepare_batches(
-    queue: Queue, batches: Mapping[str, Any], *, call: str = "Queue.append_many"
+    queue: QueueHandle, batches: Mapping[str, Any], *, call: str = "Queue.append_many"
 ) -> dict[str, pa.Table]:
     """Validate and conform each partition's batch (before any offset is taken). ``call`` names
     the public call in the error for ``batches`` that is not a mapping."""
@@ -201,7 +193,7 @@ def prepare_batches(
 
 
 def append_batches(
-    queue: Queue,
+    queue: QueueHandle,
     batches: Mapping[str, Any],
     *,
     guards: Sequence[Guard] = (),
@@ -264,7 +256,7 @@ def append_batches(
 
 
 def _attempt(
-    queue: Queue, dt: DeltaTable, tables: Mapping[str, pa.Table], *, guards: Sequence[Guard],
+    queue: QueueHandle, dt: DeltaTable, tables: Mapping[str, pa.Table], *, guards: Sequence[Guard],
     opts: AppendOptions, metadata: Mapping[str, str], attempt: int,
 ) -> AppendResult:
     """Steps 1-4 on snapshot ``dt``; the caller holds ``queue``'s lock (``Queue.writing``)."""
@@ -283,7 +275,7 @@ def _attempt(
         end = start + table.num_rows
         ranges[partition] = (start, end)
         parts.append(_with_metadata(table, partition=partition, start=start, opts=opts, now=now))
-        txns.append(Transaction(f"part:{partition}", end))
+        txns.append(Transaction(PARTITION_ID.id(partition), end))
     txns += [app_transaction(app_id, version, at_ms=at_ms)
              for app_id, version in opts.app_transactions]
     if not parts:

@@ -44,16 +44,23 @@ from deltalake.transaction import AddAction
 from pyarrow import fs
 
 from cues_platform import clock
-from cues_platform.queues.appender import DEFAULT_MAX_ATTEMPTS, REBASE_RETRIES, AppendResult, Guard
+from cues_platform.queues.appender import (
+    DEFAULT_MAX_ATTEMPTS,
+    REBASE_RETRIES,
+    AppendResult,
+    Guard,
+    append_batches,
+)
 from cues_platform.queues.errors import ConcurrentAppendError, QueueError
 from cues_platform.queues.filesystems import filesystem_for
 from cues_platform.queues.integrity import TableStorage, commit_path
-from cues_platform.queues.maintenance import COMMIT_HOOKS
+from cues_platform.queues.layout import COMMIT_HOOKS
+from cues_platform.queues.layout import PARTITION as PARTITION_ID
 from cues_platform.queues.names import join_uri
 from cues_platform.queues.schema import APPEND_TIME, OFFSET, PARTITION, TXN_ID
 
 if TYPE_CHECKING:
-    from cues_platform.queues.queue import Queue
+    from cues_platform.queues.handle import QueueHandle
 
 STATS = (OFFSET, TXN_ID, APPEND_TIME)  # the columns queues keep statistics of (lake.STATS_COLUMNS)
 
@@ -108,7 +115,7 @@ def filesystem_of(uri: str, storage_options: Mapping[str, str] | None = None) ->
     return filesystem_for(uri, storage_options)
 
 
-def read_footer(queue: Queue, relative: str) -> FileFooter:
+def read_footer(queue: QueueHandle, relative: str) -> FileFooter:
     """A written file's footer as statistics (Step 1); reads no row."""
     filesystem, path = filesystem_of(join_uri(queue.uri, relative), queue.lake.options)
     info = filesystem.get_file_info(path)
@@ -142,7 +149,7 @@ def read_footer(queue: Queue, relative: str) -> FileFooter:
                       int(maxs.get(OFFSET, -1)), json.dumps(stats), nulls, schema)
 
 
-def check_offsets(queue: Queue, partition: str, footer: FileFooter, first: int) -> None:
+def check_offsets(queue: QueueHandle, partition: str, footer: FileFooter, first: int) -> None:
     """Raise :class:`NotCommittableError` unless the file's ``_offset`` column holds exactly
     ``first, first+1, ..., first+rows-1`` (in any order, each once, no null).
 
@@ -178,7 +185,7 @@ def _describe(values: np.ndarray, due: np.ndarray) -> str:
     return ", ".join(parts) or f"{int(ordered[wrong])} where {int(due[wrong])} was due"
 
 
-def verify_written(queue: Queue, partition: str, start: int, files: Sequence[FileFooter]) -> WrittenPart:
+def verify_written(queue: QueueHandle, partition: str, start: int, files: Sequence[FileFooter]) -> WrittenPart:
     """Step 1's density and type checks; returns the part to commit (rows may be 0)."""
     payload = queue.payload_schema
     kept = sorted((f for f in files if f.rows), key=lambda f: f.min_offset)
@@ -206,12 +213,12 @@ def verify_written(queue: Queue, partition: str, start: int, files: Sequence[Fil
     return WrittenPart(partition, start, expected - start, tuple(kept))
 
 
-def read_written(queue: Queue, files: Sequence[FileFooter]) -> pa.Table:
+def read_written(queue: QueueHandle, files: Sequence[FileFooter]) -> pa.Table:
     """The payload columns of written files, in offset order: the rows to rewrite."""
     return read_written_paths(queue, [f.path for f in files])
 
 
-def read_written_paths(queue: Queue, paths: Sequence[str]) -> pa.Table:
+def read_written_paths(queue: QueueHandle, paths: Sequence[str]) -> pa.Table:
     """:func:`read_written` by relative paths (files whose footers could not be used)."""
     tables = []
     for relative in paths:
@@ -226,7 +233,7 @@ def read_written_paths(queue: Queue, paths: Sequence[str]) -> pa.Table:
 
 
 def append_written(
-    queue: Queue,
+    queue: QueueHandle,
     parts: Mapping[str, WrittenPart],
     *,
     guards: Sequence[Guard] = (),
@@ -238,8 +245,6 @@ def append_written(
     rows again with new ones (``append_batches``, same guards and app transactions): either
     way exactly one commit of these rows. ``options`` are ``append_batches``' (delivery hash,
     message type)."""
-    from cues_platform.queues.appender import append_batches
-
     metadata = dict(commit_metadata or {})
     if options.get("delivery_hash") is not None:
         metadata["cues.hash"] = options["delivery_hash"]
@@ -253,7 +258,7 @@ def append_written(
 
 
 def commit_files(
-    queue: Queue,
+    queue: QueueHandle,
     parts: Mapping[str, WrittenPart],
     *,
     guards: Sequence[Guard] = (),
@@ -269,7 +274,7 @@ def commit_files(
     at_ms = clock.now_ms()  # the add actions' modificationTime, on the platform's clock
     actions = [AddAction(f.path, f.size, {PARTITION: p}, at_ms, True, f.stats)
                for p, w in sorted(parts.items()) for f in w.files]
-    txns = [Transaction(f"part:{p}", end) for p, (_, end) in ranges.items()]
+    txns = [Transaction(PARTITION_ID.id(p), end) for p, (_, end) in ranges.items()]
     txns += [Transaction(app_id, version) for app_id, version in app_transactions]
     delay = 0.002
     for attempt in range(1, max_attempts + 1):
@@ -313,7 +318,7 @@ def commit_files(
         "retry later", queue=queue.name, partitions=sorted(parts))
 
 
-def _committed_version(queue: Queue, dt: DeltaTable, before: int, token: str) -> int | None:
+def _committed_version(queue: QueueHandle, dt: DeltaTable, before: int, token: str) -> int | None:
     """The version of the commit carrying ``token``, committed on snapshot ``dt`` of version
     ``before`` (inside ``queue.writing()``). ``create_write_transaction`` returns no version and
     leaves ``dt`` where it was, and delta-rs may have rebased the commit over other writers'

@@ -35,7 +35,7 @@ import shutil
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable
@@ -43,15 +43,28 @@ from deltalake.exceptions import DeltaError
 
 from cues_platform.queues.errors import ConcurrentCreateError
 
-if TYPE_CHECKING:
-    from cues_platform.queues.lake import Lake
+
+class Location(Protocol):
+    """What creating a table needs of a lake (``location.LakeLocation`` is one)."""
+
+    root: str
+
+    @property
+    def is_local(self) -> bool: ...
+
+    @property
+    def options(self) -> dict[str, str] | None: ...
+
+    def local_path(self, uri: str) -> Path: ...
+
+    def system_uri(self, *parts: str) -> str: ...
 
 CREATOR_KEY = "cues.creator"
 FIRST_COMMIT = "00000000000000000000.json"
 
 
 def create_table_once(
-    lake: Lake, uri: str, schema: pa.Schema, *, what: str, **create: Any
+    lake: Location, uri: str, schema: pa.Schema, *, what: str, **create: Any
 ) -> bool:
     """Create the Delta table at ``uri``; False if another creator's table is there instead.
 
@@ -79,7 +92,7 @@ def create_table_once(
     return True
 
 
-def _staging_root(lake: Lake, target: Path) -> Path:
+def _staging_root(lake: Location, target: Path) -> Path:
     """``{lake}/_cues/creating``: a folder no lister of queues or backing queues looks into (a
     half-removed staging table there is never taken for a damaged queue). A table outside the
     lake's root stages beside itself, on its own file system (a hard link cannot cross one)."""

@@ -88,7 +88,7 @@ from cues_platform.queues.errors import (
     SequenceMismatchError,
     UnknownProducerIdError,
 )
-from cues_platform.queues.maintenance import COMMIT_HOOKS
+from cues_platform.queues.layout import COMMIT_HOOKS, PRODUCER, PRODUCER_EPOCH, TXN_RETENTION_KEY
 from cues_platform.queues.schema import (
     DEFAULT_MESSAGE_TYPE,
     SEND_OPTIONS,
@@ -97,29 +97,20 @@ from cues_platform.queues.schema import (
     check_int,
     check_options,
 )
-from cues_platform.queues.snapshot_cache import RETENTION_KEY
 
 if TYPE_CHECKING:
-    from cues_platform.queues.queue import Queue
+    from cues_platform.queues.handle import QueueHandle
 
 DIGEST_VERSION = b"cues-batch-digest-v1"
 HISTORY_FIRST = 16  # commits read first when looking up a sequence's commit (x4 each round)
 UNKNOWN_PRODUCER_KEY = "cues.unknown_producer"  # metadata of a duplicate found for an unknown id
 
 
-def producer_app_id(producer_id: str) -> str:
-    return f"prod:{producer_id}"
-
-
-def epoch_app_id(producer_id: str) -> str:
-    return f"pepoch:{producer_id}"
-
-
-def committed_sequence(queue: Queue, producer_id: str, dt: DeltaTable | None = None) -> int | None:
+def committed_sequence(queue: QueueHandle, producer_id: str, dt: DeltaTable | None = None) -> int | None:
     """The newest committed sequence of ``producer_id`` on ``queue`` (None if it never sent).
 
     Reading it opens nothing and fences nobody."""
-    last = (dt or queue.refresh()).transaction_version(producer_app_id(producer_id))
+    last = (dt or queue.refresh()).transaction_version(PRODUCER.id(producer_id))
     return None if last is None else int(last)
 
 
@@ -167,9 +158,9 @@ def batch_digest(tables: Mapping[str, pa.Table], *, header: Sequence[str | None]
 
 
 # -- epochs --------------------------------------------------------------------------------------
-def open_epoch(queue: Queue, producer_id: str, *, max_attempts: int = 200) -> int:
+def open_epoch(queue: QueueHandle, producer_id: str, *, max_attempts: int = 200) -> int:
     """Step 1: commit ``pepoch:{producer_id} = newest + 1`` and return that epoch."""
-    app_id = epoch_app_id(producer_id)
+    app_id = PRODUCER_EPOCH.id(producer_id)
     delay = 0.002
     for _ in range(max_attempts):
         try:
@@ -181,9 +172,9 @@ def open_epoch(queue: Queue, producer_id: str, *, max_attempts: int = 200) -> in
                 epoch = int(newest) + 1 if newest is not None else first_epoch(dt)
                 at_ms = now_ms()
                 txns = [app_transaction(app_id, epoch, at_ms=at_ms)]
-                last = dt.transaction_version(producer_app_id(producer_id))
+                last = dt.transaction_version(PRODUCER.id(producer_id))
                 if last is not None:  # restated: prod: and pepoch: always expire together
-                    txns.append(app_transaction(producer_app_id(producer_id), int(last),
+                    txns.append(app_transaction(PRODUCER.id(producer_id), int(last),
                                                 at_ms=at_ms))
                 write_deltalake(
                     dt,
@@ -216,13 +207,13 @@ def first_epoch(dt: DeltaTable) -> int:
     ``delta.setTransactionRetentionDuration`` (the id may be new or expired) the clock's
     milliseconds, never the epoch of an instance that expired (taken at least the retention
     earlier, or a small counter)."""
-    if RETENTION_KEY in dt.metadata().configuration:
+    if TXN_RETENTION_KEY in dt.metadata().configuration:
         return now_ms()
     return 0
 
 
 # -- the guard -----------------------------------------------------------------------------------
-def find_commit(queue: Queue, dt: DeltaTable, producer_id: str, sequence: int) -> dict | None:
+def find_commit(queue: QueueHandle, dt: DeltaTable, producer_id: str, sequence: int) -> dict | None:
     """The commit info of ``producer_id#sequence`` in ``dt``'s log, newest first (None if absent)."""
     key = f"{producer_id}#{sequence}"
     total = dt.version() + 1
@@ -248,12 +239,12 @@ def _parse_ranges(text: str) -> dict[str, tuple[int, int]]:
 
 
 def idempotence_guard(
-    queue: Queue, *, producer_id: str, sequence: int, digest: str, epoch: int
+    queue: QueueHandle, *, producer_id: str, sequence: int, digest: str, epoch: int
 ) -> Guard:
     """Step 4 (run by the appender on the snapshot its commit is built on)."""
 
     def guard(dt: DeltaTable) -> AppendResult | None:
-        newest = dt.transaction_version(epoch_app_id(producer_id))
+        newest = dt.transaction_version(PRODUCER_EPOCH.id(producer_id))
         if newest is None:
             raise UnknownProducerIdError(
                 f"queue {queue.name!r}: producer {producer_id!r} (epoch {epoch}) is unknown to the "
@@ -327,7 +318,7 @@ def idempotence_guard(
 
 
 def _unknown_sequence(
-    queue: Queue, dt: DeltaTable, *, producer_id: str, sequence: int, digest: str, epoch: int
+    queue: QueueHandle, dt: DeltaTable, *, producer_id: str, sequence: int, digest: str, epoch: int
 ) -> AppendResult:
     commit = find_commit(queue, dt, producer_id, sequence)
     stored = None if commit is None else commit.get("cues.digest")
@@ -368,7 +359,7 @@ class SequenceState:
     The epoch opens at the first send (or :meth:`open`): constructing a producer only to read
     its next sequence commits nothing and fences nobody."""
 
-    def __init__(self, queue: Queue, *, producer_id: str) -> None:
+    def __init__(self, queue: QueueHandle, *, producer_id: str) -> None:
         self.queue = queue
         self.producer_id = producer_id
         self.epoch: int | None = None
@@ -471,8 +462,8 @@ class SequenceState:
                 sequence=seq,
                 digest=digest,
                 app_transactions=[
-                    (producer_app_id(self.producer_id), seq),
-                    (epoch_app_id(self.producer_id), self.epoch),
+                    (PRODUCER.id(self.producer_id), seq),
+                    (PRODUCER_EPOCH.id(self.producer_id), self.epoch),
                     *app_transactions,
                 ],
                 **options,

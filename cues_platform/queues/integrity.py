@@ -23,26 +23,21 @@ the newest checkpoint and stats every data file: it is for the auditor and ``cue
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from deltalake import DeltaTable
 
+from cues_platform.queues.errors import LogIntegrityError
+from cues_platform.queues.layout import PARTITION as PARTITION_ID
+from cues_platform.queues.layout import RANGES_KEY, RETENTION_KEY, START
 from cues_platform.queues.schema import OFFSET, PARTITION
 
-if TYPE_CHECKING:
-    from cues_platform.queues.queue import Queue
-
-PARTITION_TXN = "part:"
-RANGES_KEY = "cues.ranges"
-# a retention delete (retention.py): {partition: [old start, new start]}; its adds are the rows
-# above the new start of files the cut went through, rewritten
-RETENTION_KEY = "cues.retention"
-START_TXN = "start:"  # app id prefix: version = the partition's start offset (retention.py)
 LOG_DIR = "_delta_log"
 REPAIR_HINT = (
     "restore it from a backup (or a replica) and do not append to the queue until it is "
@@ -249,7 +244,7 @@ def check_commit(
     adds = [a["add"] for a in actions if isinstance(a.get("add"), dict)]
     written = [a for a in adds if a.get("dataChange", True)]
     txns = {t["appId"]: int(t["version"]) for a in actions
-            if isinstance(t := a.get("txn"), dict) and str(t.get("appId", "")).startswith(PARTITION_TXN)}
+            if isinstance(t := a.get("txn"), dict) and str(t.get("appId", "")).startswith(PARTITION_ID.prefix)}
     problems: list[Inconsistency] = []
     metrics = info.get("operationMetrics")
     declared_rows = metrics.get("num_added_rows") if isinstance(metrics, dict) else None
@@ -364,10 +359,10 @@ def _check_ranges(ranges: dict[str, tuple[int, int]], adds: list[dict[str, Any]]
         elif part in bounds and bounds[part] != (start, end - 1):
             out.append(problem(f"declares offsets [{start}, {end}) of partition {part!r} but its "
                                f"files hold offsets {bounds[part][0]}..{bounds[part][1]}", part))
-        if txns.get(f"{PARTITION_TXN}{part}") != end:
+        if txns.get(PARTITION_ID.id(part)) != end:
             out.append(problem(f"declares offsets [{start}, {end}) of partition {part!r} but its "
-                               f"{PARTITION_TXN}{part} transaction is "
-                               f"{txns.get(f'{PARTITION_TXN}{part}', 'missing')}", part))
+                               f"{PARTITION_ID.id(part)} transaction is "
+                               f"{txns.get(PARTITION_ID.id(part), 'missing')}", part))
     return out
 
 
@@ -528,10 +523,6 @@ def fall_back_from_damaged_checkpoint(storage: TableStorage, *, what: str) -> Ch
     :class:`LogIntegrityError` names the damaged checkpoint, the missing entry and what to do.
     Safe against a concurrent caller doing the same (a file already moved is fine).
     """
-    import logging
-
-    from cues_platform.queues.errors import LogIntegrityError
-
     damage = find_checkpoint_damage(storage)
     if damage is None:
         return None
@@ -583,8 +574,6 @@ def diagnose_unloadable(
 
     ``queue_rules``: False for system tables (positions, coordinator), whose healthy commits carry
     no ``cues.ranges`` and must not be blamed (:func:`check_commit`)."""
-    from cues_platform.queues.errors import LogIntegrityError
-
     said = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     damage = find_checkpoint_damage(storage)
     if damage is not None:
@@ -630,11 +619,11 @@ def _statistics(queue: str, dt: DeltaTable, partitions: Iterable[str]) -> list[I
             files[p] = (count + int(n or 0), top if m is None else max(m, top if top is not None else m))
     problems: list[Inconsistency] = []
     declared = {p: int(v) for p in partitions
-                if (v := dt.transaction_version(f"{PARTITION_TXN}{p}")) is not None}
+                if (v := dt.transaction_version(PARTITION_ID.id(p))) is not None}
     for p in sorted(set(declared) | set(files)):
         count, top = files.get(p, (0, None))
         # rows below the start offset were removed by retention (retention.py), on purpose
-        start = int(dt.transaction_version(f"{START_TXN}{p}") or 0)
+        start = int(dt.transaction_version(START.id(p)) or 0)
         kept = "" if not start else f" from its start offset {start}"
         if p not in declared:
             # no part: transaction (a queue written without one): offsets come from the
@@ -687,16 +676,6 @@ def find_inconsistencies(queue: str, dt: DeltaTable, partitions: Iterable[str]) 
     return problems
 
 
-def verify_log(queue: Queue) -> list[Inconsistency]:
-    """The full check (:func:`find_inconsistencies`) of a queue handle's newest snapshot.
-
-    Opening or refreshing a queue whose newest commit cannot be parsed raises
-    :class:`LogIntegrityError` instead (``Lake.queue``/``Queue.refresh``); an auditor reports that
-    error's message as the violation.
-    """
-    return find_inconsistencies(queue.name, queue.refresh(), queue.partitions)
-
-
 __all__ = [
     "Inconsistency",
     "TableStorage",
@@ -708,5 +687,4 @@ __all__ = [
     "open_delta_table",
     "find_inconsistencies",
     "leftover_content",
-    "verify_log",
 ]

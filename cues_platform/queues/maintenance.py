@@ -46,48 +46,28 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from deltalake import CommitProperties, PostCommitHookProperties, WriterProperties
+from deltalake import CommitProperties, WriterProperties
 from deltalake.exceptions import CommitFailedError
 
 from cues_platform import clock
 from cues_platform.errors import ConfigurationError
 from cues_platform.queues.errors import ConcurrentAppendError, UnsafeRetentionError
 from cues_platform.queues.integrity import LOG_DIR, TableStorage
+from cues_platform.queues.layout import (
+    DEFAULT_VACUUM_RETENTION_HOURS,
+    TXN_RETENTION_KEY,
+)
 from cues_platform.queues.schema import PARTITION
 
 if TYPE_CHECKING:
-    from cues_platform.queues.queue import Queue
-
-# The post-commit hooks of every commit the platform makes: checkpoints as delta-rs makes them
-# (every ``delta.checkpointInterval`` commits), but no expired-log cleanup. delta-rs' default
-# cleanup lists the whole ``_delta_log`` folder after every commit, which on a local disk costs
-# O(log files): 135 ms per commit once a queue has 10,000 commits (bench/bench_peers.py's
-# recovery case), growing for the whole ``delta.logRetentionDuration``. Expired log files are
-# removed by :func:`checkpoint` (``cues queue maintain``) and, for a processor's home queue, by the
-# stepper right after it digested the steps those files hold (processing/step.py, step 6).
-COMMIT_HOOKS = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
-# Set on every queue the platform creates, so that any other Delta writer skips the cleanup too.
-NO_LOG_CLEANUP_PROPERTY = {"delta.enableExpiredLogCleanup": "false"}
+    from cues_platform.queues.handle import QueueHandle
 
 DEFAULT_TARGET_FILE_BYTES = 128 * 1024 * 1024
-DEFAULT_VACUUM_RETENTION_HOURS = 24
 # The shortest retention vacuum accepts without ``unsafe_allow_short_retention=True``: far longer
 # than any append takes between writing its files and committing them.
 MIN_SAFE_RETENTION_HOURS = 1.0
 UNSAFE_RETENTION_KEYWORD = "unsafe_allow_short_retention"
-# How long a queue's log and checkpoints keep the tombstones (remove actions) of compacted files:
-# exactly the vacuum retention. Measured on delta-rs 1.6 (tests/queues/test_tombstones.py): a
-# checkpoint drops every tombstone older than ``delta.deletedFileRetentionDuration``; after that a
-# full vacuum (the platform's) judges the file by its modification time alone, so it is deleted
-# (never leaked) once older than the vacuum retention, but a file written long ago and compacted
-# away recently goes at once, under a reader that opened its snapshot within the retention. A
-# tombstone retention at least the vacuum's keeps that reader's files; a longer one protects
-# nothing more and costs every open of the queue a tombstone per compacted file (Delta's default,
-# a week, left 10,000 in a 10,000-step home queue's checkpoint). A vacuum with a retention longer
-# than this one does not protect readers for its whole retention (see docs/benchmarks.md,
-# "Tombstones and recovery").
-QUEUE_TOMBSTONE_RETENTION = f"interval {DEFAULT_VACUUM_RETENTION_HOURS} hours"
-QUEUE_TOMBSTONE_PROPERTY = {"delta.deletedFileRetentionDuration": QUEUE_TOMBSTONE_RETENTION}
+
 # Row groups of compacted files: small enough that a tail read (the last few offsets) decodes one
 # 16k-row group, found by its _offset statistics, instead of a whole compacted file.
 COMPACT_ROW_GROUP_ROWS = 16_384
@@ -109,7 +89,7 @@ COMPACT_COMMIT_RETRIES = 100
 
 
 def compact(
-    queue: Queue,
+    queue: QueueHandle,
     *,
     partition: str | None = None,
     target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES,
@@ -184,7 +164,7 @@ def delta_retention_hours(retention_hours: float, *, ahead_ms: int) -> int:
 
 
 def vacuum(
-    queue: Queue,
+    queue: QueueHandle,
     *,
     retention_hours: float = DEFAULT_VACUUM_RETENTION_HOURS,
     unsafe_allow_short_retention: bool = False,
@@ -206,7 +186,7 @@ def vacuum(
     return MaintenanceReport(queue.name, files_vacuumed=len(deleted), vacuum_hours=hours)
 
 
-def checkpoint(queue: Queue) -> MaintenanceReport:
+def checkpoint(queue: QueueHandle) -> MaintenanceReport:
     """Write a Delta checkpoint at the current version and drop the log entries that expired by
     the platform's clock (:func:`trim_expired_log`)."""
     dt = queue.refresh()
@@ -331,7 +311,7 @@ def trim_log(storage: TableStorage, *, upto: int | None = None) -> int:
     return len(old)
 
 
-def set_app_transaction_retention(queue: Queue, *, days: int) -> None:
+def set_app_transaction_retention(queue: QueueHandle, *, days: int) -> None:
     """Let Delta forget producer ids and transaction markers idle for ``days``.
 
     Only producer ids (``prod:``), producer epochs (``pepoch:``) and a queue's per-transaction
@@ -345,14 +325,14 @@ def set_app_transaction_retention(queue: Queue, *, days: int) -> None:
     if days < 1:
         raise ConfigurationError("app-transaction retention must be at least 1 day")
     queue.refresh().alter.set_table_properties(
-        {"delta.setTransactionRetentionDuration": f"interval {days} days"},
+        {TXN_RETENTION_KEY: f"interval {days} days"},
         raise_if_not_exists=False,
     )
     queue.refresh()
 
 
 def maintain(
-    queue: Queue,
+    queue: QueueHandle,
     *,
     retention_hours: float = DEFAULT_VACUUM_RETENTION_HOURS,
     row_group_rows: int = COMPACT_ROW_GROUP_ROWS,

@@ -28,8 +28,14 @@ from cues_platform.queues.integrity import (
     handle_is_current,
     open_delta_table,
 )
-from cues_platform.queues.lake import Lake
-from cues_platform.queues.maintenance import COMMIT_HOOKS, NO_LOG_CLEANUP_PROPERTY, trim_log
+from cues_platform.queues.layout import (
+    COMMIT_HOOKS,
+    NO_LOG_CLEANUP_PROPERTY,
+    TAILER_EXPENDABLE,
+    TAILER_POSITION,
+)
+from cues_platform.queues.location import LakeLocation
+from cues_platform.queues.maintenance import trim_log
 
 CHECKPOINT_INTERVAL = 100  # commits; written by delta-rs' post-commit hook
 # A handle moved forward over this many commits is replaced by a fresh one opened from the newest
@@ -48,7 +54,7 @@ SCHEMA = pa.schema(
 )
 
 
-def open_system_table(lake: Lake, name: str, schema: pa.Schema) -> DeltaTable:
+def open_system_table(lake: LakeLocation, name: str, schema: pa.Schema) -> DeltaTable:
     """Open (creating on first use, race-free across processes) a system Delta table.
 
     A folder with files but no log (the log was lost) raises :class:`MissingLogError` instead of
@@ -64,7 +70,7 @@ def open_system_table(lake: Lake, name: str, schema: pa.Schema) -> DeltaTable:
     return _open(lake, uri, what=what)
 
 
-def _open(lake: Lake, uri: str, *, what: str) -> DeltaTable:
+def _open(lake: LakeLocation, uri: str, *, what: str) -> DeltaTable:
     """Open a system table: a torn or missing checkpoint falls back to the previous one (or the
     log) when every later commit is present; any other damage is a :class:`LogIntegrityError`
     naming the damaged file, judged by the rules of a system table (its healthy commits carry no
@@ -87,7 +93,7 @@ class SystemTable:
     newest checkpoint, once it has moved :data:`REOPEN_EVERY` commits past where it was opened.
     """
 
-    def __init__(self, lake: Lake, name: str, schema: pa.Schema) -> None:
+    def __init__(self, lake: LakeLocation, name: str, schema: pa.Schema) -> None:
         self.lake = lake
         self.name = name
         self.uri = lake.system_uri(name)
@@ -130,15 +136,6 @@ class SystemTable:
         return trim_log(TableStorage(self.uri, self.lake.options))
 
 
-def position_app_id(queue: str, tailer: str, partition: str) -> str:
-    return f"pos:{queue}/{tailer}/{partition}"
-
-
-def expendable_app_id(queue: str, tailer: str, partition: str) -> str:
-    """Version 1: the tailer declared itself expendable with its last commit (0: it did not)."""
-    return f"exp:{queue}/{tailer}/{partition}"
-
-
 @dataclass(frozen=True)
 class TailerPosition:
     tailer: str
@@ -148,13 +145,13 @@ class TailerPosition:
 
 
 class PositionStore:
-    def __init__(self, lake: Lake) -> None:
+    def __init__(self, lake: LakeLocation) -> None:
         self.lake = lake
         self.table = SystemTable(lake, "positions", SCHEMA)
 
     def get(self, *, queue: str, tailer: str, partition: str) -> int | None:
         dt = self.table.snapshot()
-        version = dt.transaction_version(position_app_id(queue, tailer, partition))
+        version = dt.transaction_version(TAILER_POSITION.id(queue, tailer, partition))
         return None if version is None else int(version)
 
     def commit(self, *, queue: str, tailer: str, partition: str, position: int,
@@ -173,10 +170,10 @@ class PositionStore:
         out = []
         for tailer, partition in sorted(set(zip(rows["tailer"].to_pylist(),
                                                 rows["partition"].to_pylist(), strict=True))):
-            version = dt.transaction_version(position_app_id(queue, tailer, partition))
+            version = dt.transaction_version(TAILER_POSITION.id(queue, tailer, partition))
             if version is None:
                 continue
-            flag = dt.transaction_version(expendable_app_id(queue, tailer, partition))
+            flag = dt.transaction_version(TAILER_EXPENDABLE.id(queue, tailer, partition))
             out.append(TailerPosition(tailer, partition, int(version), bool(flag)))
         return out
 
@@ -186,7 +183,7 @@ class PositionStore:
         if not positions:
             return
         flags = ([] if expendable is None else
-                 [Transaction(expendable_app_id(q, t, p), int(e))
+                 [Transaction(TAILER_EXPENDABLE.id(q, t, p), int(e))
                   for (q, t, p, _), e in zip(positions, expendable, strict=True)])
         now = datetime.now(UTC)
         rows = pa.table(
@@ -206,7 +203,7 @@ class PositionStore:
                 rows,
                 mode="append",
                 commit_properties=CommitProperties(
-                    app_transactions=[Transaction(position_app_id(q, t, p), pos)
+                    app_transactions=[Transaction(TAILER_POSITION.id(q, t, p), pos)
                                       for q, t, p, pos in positions] + flags,
                     max_commit_retries=50,
                 ),

@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
@@ -36,10 +36,10 @@ from cues_platform.queues.errors import (
     QueueError,
     SequenceError,
 )
+from cues_platform.queues.handle import QueueHandle
 from cues_platform.queues.idempotence import (
     SequenceState,
     UnknownProducerIdError,
-    producer_app_id,
 )
 from cues_platform.queues.names import validate_id
 from cues_platform.queues.schema import (
@@ -52,11 +52,8 @@ from cues_platform.queues.schema import (
     check_seconds,
 )
 
-if TYPE_CHECKING:
-    from cues_platform.queues.queue import Queue
-
 __all__ = ["Acks", "AsyncProducer", "PendingAppend", "Producer", "UnknownProducerIdError",
-           "make_producer", "producer_app_id"]
+           "make_producer"]
 
 
 class Acks(StrEnum):
@@ -84,9 +81,7 @@ def check_producer_id(queue: Any, producer_id: object, *, call: str) -> str:
 
 
 def check_queue(queue: object, *, call: str) -> None:
-    from cues_platform.queues.queue import Queue
-
-    if not isinstance(queue, Queue):
+    if not isinstance(queue, QueueHandle):
         raise argument_error(call, "queue", queue, f"a {type(queue).__name__}, not a Queue",
                              "a Queue (lake.queue(name))")
 
@@ -101,7 +96,7 @@ class Producer:
 
     def __init__(
         self,
-        queue: Queue,
+        queue: QueueHandle,
         *,
         producer_id: str | None = None,
         hook: Callable[[str], None] | None = None,
@@ -207,7 +202,7 @@ class AsyncProducer(Producer):
 
     def __init__(
         self,
-        queue: Queue,
+        queue: QueueHandle,
         *,
         producer_id: str | None = None,
         linger_seconds: float = 0.05,
@@ -349,7 +344,7 @@ ASYNC_ARGUMENTS = ("hook", "linger_seconds", "max_buffered_rows")
 
 
 def make_producer(
-    queue: Queue, *, producer_id: str | None, acks: Acks | str = Acks.ALL, **kwargs: Any
+    queue: QueueHandle, *, producer_id: str | None, acks: Acks | str = Acks.ALL, **kwargs: Any
 ) -> Producer:
     call = "Queue.producer"
     level = check_choice(acks, Acks, call=call, argument="acks", queue=queue.name)

@@ -22,9 +22,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from cues_platform.queues.coordinator import TxnStatus, resolve_statuses
 from cues_platform.queues.errors import OffsetOutOfRangeError
 from cues_platform.queues.names import join_uri, validate_partition
-from cues_platform.queues.retention import start_offset
 from cues_platform.queues.schema import (
     OFFSET,
     PARTITION,
@@ -37,7 +37,7 @@ from cues_platform.queues.schema import (
 )
 
 if TYPE_CHECKING:
-    from cues_platform.queues.queue import FileInfo, Queue
+    from cues_platform.queues.handle import FileInfo, QueueHandle
 
 
 class Isolation(StrEnum):
@@ -63,7 +63,7 @@ class ReadPlan:
 
 
 def plan_read(
-    queue: Queue,
+    queue: QueueHandle,
     *,
     partition: str,
     start: int | None,
@@ -76,7 +76,7 @@ def plan_read(
     (never a silent gap)."""
     queue.check_partition(partition)
     dt = queue.refresh()
-    first = start_offset(queue, partition, snapshot=dt)
+    first = queue.start_offset(partition, snapshot=dt)
     start, end, isolation = check_range(queue, partition=partition,
                                         start=first if start is None else start, end=end,
                                         isolation=isolation, call=call)
@@ -110,7 +110,7 @@ def plan_read(
 
 
 def check_range(
-    queue: Queue,
+    queue: QueueHandle,
     *,
     partition: str,
     start: Any,
@@ -138,10 +138,8 @@ def check_range(
 
 
 def _stable_range(
-    queue: Queue, dt: Any, files: list[FileInfo], start: int, stop: int
+    queue: QueueHandle, dt: Any, files: list[FileInfo], start: int, stop: int
 ) -> tuple[int, tuple[str, ...]]:
-    from cues_platform.queues.transactions import TxnStatus, resolve_statuses
-
     rows = _dataset(queue, files).to_table(
         columns=[OFFSET, TXN_ID],
         filter=(pc.field(OFFSET) >= start)
@@ -159,7 +157,7 @@ def _stable_range(
 
 
 def _dataset(
-    queue: Queue, files: list[FileInfo] | tuple[FileInfo, ...], schema: pa.Schema | None = None
+    queue: QueueHandle, files: list[FileInfo] | tuple[FileInfo, ...], schema: pa.Schema | None = None
 ) -> ds.Dataset:
     """The Parquet files of a read as one dataset, always read with the queue's own schema: a
     file rewritten by delta-rs (a retention delete through a straddling file) stores its strings
@@ -178,11 +176,11 @@ def _dataset(
     )
 
 
-def _payload_and_meta_schema(queue: Queue) -> pa.Schema:
+def _payload_and_meta_schema(queue: QueueHandle) -> pa.Schema:
     return pa.schema([f for f in queue.table_schema if f.name != PARTITION])
 
 
-def execute_arrow(queue: Queue, plan: ReadPlan, *, columns: list[str] | None = None) -> pa.Table:
+def execute_arrow(queue: QueueHandle, plan: ReadPlan, *, columns: list[str] | None = None) -> pa.Table:
     schema = queue.table_schema
     if plan.empty or not plan.files:
         return schema.empty_table() if columns is None else schema.empty_table().select(columns)
@@ -200,7 +198,7 @@ def execute_arrow(queue: Queue, plan: ReadPlan, *, columns: list[str] | None = N
 
 
 def read_arrow(
-    queue: Queue,
+    queue: QueueHandle,
     *,
     partition: str,
     start: int | None = None,
@@ -227,7 +225,7 @@ def read_arrow(
     return execute_arrow(queue, plan, columns=columns)
 
 
-def execute_spark(queue: Queue, spark: Any, plan: ReadPlan) -> Any:
+def execute_spark(queue: QueueHandle, spark: Any, plan: ReadPlan) -> Any:
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -262,7 +260,7 @@ def _quoted(column: str) -> str:
 
 
 def read_spark(
-    queue: Queue,
+    queue: QueueHandle,
     spark: Any,
     *,
     partition: str,

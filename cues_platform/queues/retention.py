@@ -38,26 +38,26 @@ from deltalake.exceptions import CommitFailedError
 from cues_platform.errors import ConfigurationError
 from cues_platform.queues.errors import ConcurrentAppendError
 from cues_platform.queues.faults import translated
-from cues_platform.queues.integrity import RETENTION_KEY, START_TXN
-from cues_platform.queues.maintenance import COMMIT_HOOKS
+from cues_platform.queues.layout import (
+    COMMIT_HOOKS,
+    RETENTION_BYTES_KEY,
+    RETENTION_KEY,
+    RETENTION_MS_KEY,
+    START,
+)
+from cues_platform.queues.reader import _dataset
 from cues_platform.queues.schema import APPEND_TIME, OFFSET, PARTITION
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
 
-    from cues_platform.queues.queue import Queue
+    from cues_platform.queues.handle import QueueHandle
 
-RETENTION_MS_KEY = "cues.retention.ms"
-RETENTION_BYTES_KEY = "cues.retention.bytes"
-# app id prefix (version = the partition's start offset) and commit metadata key ({partition:
-# [old start, new start]}): defined beside the log checks that read them
+# the commit metadata of a retention delete ({partition: [old start, new start]}), read by the
+# log checks (integrity.py)
 RETENTION_METADATA_KEY = RETENTION_KEY
 DELETE_COMMIT_RETRIES = 100  # appenders commit all the time (as compaction)
 UNLIMITED = -1  # Kafka's value for "no limit"
-
-
-def start_app_id(partition: str) -> str:
-    return f"{START_TXN}{partition}"
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def _limit(queue: str, key: str, value: Any) -> int | None:
     return number
 
 
-def policy_of(queue: Queue, *, snapshot: DeltaTable | None = None) -> RetentionPolicy:
+def policy_of(queue: QueueHandle, *, snapshot: DeltaTable | None = None) -> RetentionPolicy:
     """The queue's retention policy, from its table properties."""
     config = (snapshot or queue.refresh()).metadata().configuration
     return RetentionPolicy(ms=_limit(queue.name, RETENTION_MS_KEY, config.get(RETENTION_MS_KEY)),
@@ -107,7 +107,7 @@ def policy_of(queue: Queue, *, snapshot: DeltaTable | None = None) -> RetentionP
                                         config.get(RETENTION_BYTES_KEY)))
 
 
-def set_policy(queue: Queue, *, ms: int | None, bytes: int | None) -> RetentionPolicy:
+def set_policy(queue: QueueHandle, *, ms: int | None, bytes: int | None) -> RetentionPolicy:
     """Set both knobs (None: no limit) as table properties in one commit; returns the policy."""
     wanted = RetentionPolicy(ms=_limit(queue.name, RETENTION_MS_KEY, ms),
                              bytes=_limit(queue.name, RETENTION_BYTES_KEY, bytes))
@@ -118,23 +118,21 @@ def set_policy(queue: Queue, *, ms: int | None, bytes: int | None) -> RetentionP
     return policy_of(queue)
 
 
-def start_offset(queue: Queue, partition: str, *, snapshot: DeltaTable | None = None) -> int:
+def start_offset(queue: QueueHandle, partition: str, *, snapshot: DeltaTable | None = None) -> int:
     """The first offset of ``partition`` still in the queue (0 until retention removed rows)."""
-    version = queue.txn_version(start_app_id(partition), snapshot=snapshot)
+    version = queue.txn_version(START.id(partition), snapshot=snapshot)
     return 0 if version is None else int(version)
 
 
-def start_offsets(queue: Queue, *, snapshot: DeltaTable | None = None) -> dict[str, int]:
+def start_offsets(queue: QueueHandle, *, snapshot: DeltaTable | None = None) -> dict[str, int]:
     dt = snapshot or queue.refresh()
     return {p: start_offset(queue, p, snapshot=dt) for p in queue.partitions}
 
 
-def _time_cut(queue: Queue, dt: DeltaTable, partition: str, *, start: int, end: int,
+def _time_cut(queue: QueueHandle, dt: DeltaTable, partition: str, *, start: int, end: int,
               before_ms: int) -> int:
     """The first offset in ``[start, end)`` whose row was appended at or after ``before_ms``
     (``end`` when every row there is older)."""
-    from cues_platform.queues.reader import _dataset
-
     files = queue.files(partition=partition, snapshot=dt, start=start, end=end)
     if not files:
         return start
@@ -145,7 +143,7 @@ def _time_cut(queue: Queue, dt: DeltaTable, partition: str, *, start: int, end: 
     return end if young.num_rows == 0 else int(pc.min(young[OFFSET]).as_py())
 
 
-def _size_cut(queue: Queue, dt: DeltaTable, partition: str, *, start: int, max_bytes: int) -> int:
+def _size_cut(queue: QueueHandle, dt: DeltaTable, partition: str, *, start: int, max_bytes: int) -> int:
     """The offset above which the partition's files hold at most ``max_bytes`` (whole files,
     oldest first)."""
     with queue._lock:
@@ -164,7 +162,7 @@ def _size_cut(queue: Queue, dt: DeltaTable, partition: str, *, start: int, max_b
     return cut
 
 
-def cuts(queue: Queue, policy: RetentionPolicy, *, now_ms: int,
+def cuts(queue: QueueHandle, policy: RetentionPolicy, *, now_ms: int,
          snapshot: DeltaTable | None = None, below: dict[str, int] | None = None) -> dict[str, int]:
     """Step 2: the start each partition's policy wants, never past ``below[partition]`` (what
     readers still need; default the next offset) and never before the current start."""
@@ -193,7 +191,7 @@ class Deleted:
     rows: int  # rows the delete removed (Delta's count; rows of aborted transactions included)
 
 
-def delete_below(queue: Queue, wanted: dict[str, int]) -> list[Deleted]:
+def delete_below(queue: QueueHandle, wanted: dict[str, int]) -> list[Deleted]:
     """Step 3: one commit that removes every row below ``wanted[partition]`` and moves each
     partition's start there. Partitions whose start would not move are left out; nothing to do =
     no commit. A cut past a partition's next offset is a caller's bug and raises."""
@@ -214,7 +212,7 @@ def delete_below(queue: Queue, wanted: dict[str, int]) -> list[Deleted]:
         predicate = " OR ".join(f"({PARTITION} = '{p}' AND {OFFSET} < {cut})"
                                 for p, (_, cut) in sorted(moves.items()))
         props = CommitProperties(
-            app_transactions=[Transaction(start_app_id(p), cut) for p, (_, cut) in moves.items()],
+            app_transactions=[Transaction(START.id(p), cut) for p, (_, cut) in moves.items()],
             custom_metadata={RETENTION_METADATA_KEY: json.dumps(
                 {p: [old, cut] for p, (old, cut) in moves.items()}, sort_keys=True)},
             # appends commit all the time; a rebase over them is safe (their rows are above the

@@ -17,7 +17,7 @@ Two rules keep it exact:
    transactions are ``v``'s overwritten by the commit's own. Otherwise ``v + 1`` is read lazily
    like any version.
 
-3. With that retention set, an app id that may expire (``appender.expires``: ``prod:``,
+3. With that retention set, an app id that may expire (``layout.expires``: ``prod:``,
    ``pepoch:``, ``txn:``) is never answered from the cache: delta-rs drops an expired entry when
    it loads a snapshot, measured against the time of the load, so what one version says of it
    changes with time. Ids that never expire (``part:``, ``proc:``...) are cached as before.
@@ -34,9 +34,9 @@ from typing import Any
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from cues_platform.queues.appender import expires
+from cues_platform.queues.layout import TXN_RETENTION_KEY as RETENTION_KEY
+from cues_platform.queues.layout import expires
 
-RETENTION_KEY = "delta.setTransactionRetentionDuration"
 _ABSENT = -1  # stored for an app id the version does not have (versions are >= 0)
 _KEEP = 2
 

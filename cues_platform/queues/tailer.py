@@ -36,7 +36,7 @@ from cues_platform.queues.schema import (
 )
 
 if TYPE_CHECKING:
-    from cues_platform.queues.queue import Queue
+    from cues_platform.queues.handle import QueueHandle
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class Tailer:
     def __init__(
         self,
         *,
-        queue: Queue,
+        queue: QueueHandle,
         name: str,
         partition: str,
         isolation: Isolation | str = Isolation.READ_COMMITTED,

@@ -18,7 +18,7 @@ from cues_platform.queues.by_reference import (
     read_footer,
     verify_written,
 )
-from cues_platform.queues.integrity import verify_log
+from cues_platform.queues.handle import verify_log
 from cues_platform.queues.schema import METADATA_FIELDS, OFFSET, PARTITION
 from tests.support import PAYLOAD, rows
 

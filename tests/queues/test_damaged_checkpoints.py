@@ -11,13 +11,13 @@ import pytest
 
 from cues_platform.queues import Lake, Producer
 from cues_platform.queues.errors import LogIntegrityError
+from cues_platform.queues.handle import verify_log
 from cues_platform.queues.integrity import (
     DAMAGED_PREFIX,
     TableStorage,
     diagnose_unloadable,
     find_checkpoint_damage,
     open_delta_table,
-    verify_log,
 )
 from tests.support import PAYLOAD, rows
 

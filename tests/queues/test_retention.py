@@ -10,7 +10,7 @@ import pytest
 from cues_platform import clock
 from cues_platform.errors import ConfigurationError
 from cues_platform.queues import OffsetOutOfRangeError
-from cues_platform.queues.integrity import verify_log
+from cues_platform.queues.handle import verify_log
 from cues_platform.queues.retention import (
     RetentionPolicy,
     cuts,

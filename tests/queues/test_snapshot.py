@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cues_platform.queues import Lake
-from cues_platform.queues.lake import STATS_COLUMNS
+from cues_platform.queues.layout import STATS_COLUMNS
 from tests.support import PAYLOAD, rows
 
 

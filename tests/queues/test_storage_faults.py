@@ -11,7 +11,8 @@ import pytest
 
 from cues_platform.queues import Lake, QueueError
 from cues_platform.queues.errors import LogIntegrityError, MissingLogError, QueueExistsError
-from cues_platform.queues.integrity import find_inconsistencies, verify_log
+from cues_platform.queues.handle import verify_log
+from cues_platform.queues.integrity import find_inconsistencies
 from tests.support import PAYLOAD, rows
 
 

@@ -23,10 +23,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cues_platform.queues import Lake
-from cues_platform.queues.maintenance import (
+from cues_platform.queues.layout import (
     DEFAULT_VACUUM_RETENTION_HOURS,
     QUEUE_TOMBSTONE_PROPERTY,
     QUEUE_TOMBSTONE_RETENTION,
+)
+from cues_platform.queues.maintenance import (
     checkpoint,
     compact,
     vacuum,
@@ -194,7 +196,7 @@ def test_full_vacuum_after_a_compaction_deletes_exactly_what_the_model_says(
 def test_a_new_queue_keeps_tombstones_for_the_vacuum_retention(make_queue):
     from deltalake import DeltaTable
 
-    from cues_platform.queues.maintenance import QUEUE_TOMBSTONE_RETENTION
+    from cues_platform.queues.layout import QUEUE_TOMBSTONE_RETENTION
 
     config = DeltaTable(make_queue().uri).metadata().configuration
     assert config["delta.deletedFileRetentionDuration"] == QUEUE_TOMBSTONE_RETENTION == "interval 24 hours"

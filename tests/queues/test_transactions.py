@@ -128,8 +128,8 @@ def test_coordinator_commits_keep_a_bounded_log_and_old_decisions(make_queue, la
     log trimmed as transactions go on, and a decision made long ago is still read."""
     from pathlib import Path
 
+    from cues_platform.queues.coordinator import Coordinator, TxnStatus
     from cues_platform.queues.positions import CHECKPOINT_INTERVAL, REOPEN_EVERY
-    from cues_platform.queues.transactions import Coordinator, TxnStatus
 
     q = make_queue("debits")
     p = TransactionalProducer(lake, transactional_id="many")
@@ -170,8 +170,8 @@ LOST_ACK = "Generic S3 error: Error after 10 retries in 2.1s, max_retries:10, re
 def test_after_a_lost_ack_of_the_commit_decision_commit_is_idempotent_and_abort_truthful(
     lake, two_queues, then
 ) -> None:
+    from cues_platform.queues.coordinator import Coordinator, TxnStatus
     from cues_platform.queues.errors import CommitOutcomeUnknownError
-    from cues_platform.queues.transactions import Coordinator, TxnStatus
 
     debits, credits = two_queues
     hook, fired = _losing_ack_once("decided", LOST_ACK)

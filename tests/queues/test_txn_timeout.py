@@ -13,16 +13,15 @@ from click.testing import CliRunner
 
 from cues_platform import clock
 from cues_platform.queues import Lake, ProducerFencedError, TransactionalProducer
-from cues_platform.queues.schema import InvalidArgumentError
-from cues_platform.queues.transactions import (
+from cues_platform.queues.coordinator import (
     Coordinator,
-    TransactionStateError,
     TxnStatus,
-    UnknownTransactionError,
     abort_expired,
     abort_transaction,
     open_transactions,
 )
+from cues_platform.queues.errors import TransactionStateError, UnknownTransactionError
+from cues_platform.queues.schema import InvalidArgumentError
 from tests.support import rows
 
 

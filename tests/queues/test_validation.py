@@ -138,7 +138,7 @@ def test_failed_commit_leaves_no_rows_and_no_files_after_vacuum(make_queue) -> N
 def test_demo_lake_reset_deletes_only_a_lake(tmp_path) -> None:
     from cues_platform.errors import ConfigurationError
     from cues_platform.queues import Lake
-    from cues_platform.queues.lake import reset_local_lake
+    from cues_platform.queues.location import reset_local_lake
 
     reset_local_lake(tmp_path / "missing")  # nothing there: nothing to do
     lake_dir = tmp_path / "lake"
