@@ -17,8 +17,9 @@ from rich.progress import Progress
 from rich.table import Table
 
 from cues_platform.queues import Lake, TransactionalProducer
-from cues_platform.queues.lake import reset_local_lake
+from cues_platform.queues.location import reset_local_lake
 from cues_platform.queues.maintenance import checkpoint, compact
+from cues_platform.spark import get_spark
 
 BANKS = ("bank-a", "bank-b", "bank-c")
 POSTING = pa.schema(
@@ -86,8 +87,6 @@ def run_demo(*, lake_root: str, messages: int, console: Console) -> bool:
         mover.commit() if outcome == "commit" else mover.abort()
 
     from pyspark.sql import functions as F
-
-    from cues_platform.spark import get_spark
 
     console.print("starting Spark (local[*]) ...")
     spark = get_spark()

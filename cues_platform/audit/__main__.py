@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import sys
 
+from cues_platform.audit.exit import run_and_exit
+from cues_platform.cli import main as cues
+
 
 def main(argv: list[str] | None = None) -> None:
-    from cues_platform.audit.exit import run_and_exit
-    from cues_platform.cli import main as cues
-
     args = list(sys.argv[1:] if argv is None else argv)
     run_and_exit(lambda: cues(["audit", *args], prog_name="cues", standalone_mode=False))
 

@@ -1,16 +1,23 @@
-"""Finding what to audit: the lake itself, its queue folders and its backing queues."""
+"""Finding what to audit: the lake itself, its queue folders and its backing queues.
+
+Listing folders and finding backing queues is processing's (``processing/discovery.py``, which the
+runner and retention need too); here a failed listing is an :class:`AuditError`.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pyarrow as pa
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from cues_platform.audit.errors import AuditError, LakeNotFoundError
+from cues_platform.processing import discovery as listing
+from cues_platform.processing.discovery import backing_uri
+from cues_platform.processing.errors import LakeListingError
 from cues_platform.queues import Lake, Queue
-from cues_platform.queues.faults import unreachable
-from cues_platform.queues.filesystems import filesystem_for
 from cues_platform.queues.names import join_uri
+
+__all__ = ["backing_folders", "backing_processors", "backing_uri", "check_lake", "list_dirs",
+           "open_backing", "queue_folders"]
 
 
 def check_lake(lake: Lake) -> None:
@@ -40,26 +47,20 @@ def check_lake(lake: Lake) -> None:
         )
 
 
+@contextmanager
+def _as_audit_error() -> Iterator[None]:
+    """A listing that failed is an :class:`AuditError` to the auditor's callers (same message,
+    data and cause as when the auditor listed folders itself)."""
+    try:
+        yield
+    except LakeListingError as exc:
+        raise AuditError(exc.message, **exc.data) from exc.__cause__
+
+
 def list_dirs(uri: str, lake: Lake) -> list[str]:
     """Names of the folders directly under ``uri`` (none when it does not exist)."""
-    if lake.is_local:
-        folder = Path(lake.local_path(uri))
-        try:
-            return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
-        except OSError as exc:
-            raise AuditError(f"cannot list {folder}: {exc}; check its permissions", uri=uri) from exc
-    from pyarrow import fs
-
-    try:
-        filesystem, path = filesystem_for(uri, lake.options)
-        infos = filesystem.get_file_info(fs.FileSelector(path, allow_not_found=True))
-    except (OSError, pa.ArrowException) as exc:
-        unreachable_store = unreachable(exc, table=f"lake {lake.root}", uri=uri, during="list")
-        if unreachable_store is not None:
-            raise unreachable_store from exc
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise AuditError(f"cannot list {uri}: {reason}", uri=uri) from exc
-    return sorted(i.base_name for i in infos if i.type == fs.FileType.Directory)
+    with _as_audit_error():
+        return listing.list_dirs(uri, lake)
 
 
 def queue_folders(lake: Lake) -> list[str]:
@@ -69,22 +70,14 @@ def queue_folders(lake: Lake) -> list[str]:
 
 def backing_folders(lake: Lake) -> list[str]:
     """Every folder under ``_cues/backing/``, one per exactly-once processor that ran."""
-    return list_dirs(lake.system_uri("backing"), lake)
+    with _as_audit_error():
+        return listing.backing_folders(lake)
 
 
 def backing_processors(lake: Lake) -> list[str]:
     """Ids of the processors that have a backing queue (a Delta table) under the lake."""
-    from deltalake import DeltaTable
-
-    return [
-        name
-        for name in backing_folders(lake)
-        if DeltaTable.is_deltatable(lake.system_uri("backing", name), storage_options=lake.options)
-    ]
-
-
-def backing_uri(lake: Lake, processor: str) -> str:
-    return lake.system_uri("backing", processor)
+    with _as_audit_error():
+        return listing.backing_processors(lake)
 
 
 def open_backing(lake: Lake, processor: str) -> Queue:

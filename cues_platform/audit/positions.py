@@ -49,8 +49,9 @@ from dataclasses import dataclass
 
 from cues_platform.audit.report import GAP, OVERLAP, POSITION, Violation
 from cues_platform.processing.backing import Range, Record
-from cues_platform.processing.home import pos_app_id
+from cues_platform.processing.home import epoch_app_id, pos_app_id
 from cues_platform.processing.lanes import family_of
+from cues_platform.processing.outputs import proc_app_id
 
 Key = tuple[str, str]  # (queue, partition)
 
@@ -294,9 +295,6 @@ def stored_positions(delivered: Mapping[str, list[Record]], queues: Mapping[str,
     """(processor, queue, partition) -> (its ``pos:`` app transaction, that queue's ``proc:``
     step), for every (queue, partition) its family read, looked up in every queue that holds the
     processor's ``epoch:`` or ``proc:`` app transaction (its home). ``queues``: name -> Queue."""
-    from cues_platform.processing.home import epoch_app_id
-    from cues_platform.processing.outputs import proc_app_id
-
     keys_of_family: dict[str, set[Key]] = defaultdict(set)
     for pid, recs in delivered.items():
         for rec in recs:

@@ -47,8 +47,9 @@ import pyarrow.compute as pc
 from cues_platform.audit.backing import record_rows
 from cues_platform.audit.report import CORRUPT_LOG, ROW_COUNT_MISMATCH, Violation
 from cues_platform.processing.backing import Record
-from cues_platform.queues.queue import PARTITION_TXN
-from cues_platform.queues.retention import START_TXN, start_offset
+from cues_platform.queues.layout import PARTITION as PARTITION_ID
+from cues_platform.queues.layout import START
+from cues_platform.queues.retention import start_offset
 from cues_platform.queues.schema import OFFSET, PARTITION
 
 if TYPE_CHECKING:
@@ -111,13 +112,13 @@ def density_violations(table: str, queue: Queue, dt: DeltaTable, *,
     for p in sorted(set(queue.partitions) | set(stats), key=str):
         count, lo, hi = stats.get(p, (0, None, None))
         start = start_offset(queue, p, snapshot=dt) if p in queue.partitions else 0
-        declared = queue.txn_version(f"{PARTITION_TXN}{p}", snapshot=dt)
+        declared = queue.txn_version(PARTITION_ID.id(p), snapshot=dt)
         end = int(declared) if declared is not None else max(start, -1 if hi is None else hi + 1)
         if end < start:
             bad.append(Violation(
                 CORRUPT_LOG,
-                f"{table}/{p}: its start offset {start} ({START_TXN}{p}) is past its next offset "
-                f"{end} ({PARTITION_TXN}{p}): no retention commit sets that; the log is damaged or "
+                f"{table}/{p}: its start offset {start} ({START.id(p)}) is past its next offset "
+                f"{end} ({PARTITION_ID.id(p)}): no retention commit sets that; the log is damaged or "
                 "forged: restore the table from a backup",
                 queue=table, partition=p, offsets=(end, start),
             ))  # fmt: skip
@@ -150,12 +151,12 @@ def _name_offsets(table: str, dt: DeltaTable, p: str, *, start: int, end: int,
     holes = _holes(unique, start, end)
     for a, b in holes[:MAX_RUNS]:
         if start == 0:
-            why = (f"its start offset is 0 (no {START_TXN}{p} transaction: no retention commit "
+            why = (f"its start offset is 0 (no {START.id(p)} transaction: no retention commit "
                    "removed them), so they were deleted outside retention (a plain Delta DELETE) "
                    "or a data file was lost, and the audit cannot tell retained rows from lost "
                    "ones")
         else:
-            why = (f"they are at or above its start offset {start} ({START_TXN}{p}), which "
+            why = (f"they are at or above its start offset {start} ({START.id(p)}), which "
                    "retention never removes: they were deleted outside retention or lost")
         bad.append(Violation(
             CORRUPT_LOG,

@@ -29,9 +29,9 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from cues_platform.processing.errors import ProcessorFencedError
-from cues_platform.queues import Lake, Queue
+from cues_platform.queues import Lake, Queue, maintenance
 from cues_platform.queues.appender import append_batches
-from cues_platform.queues.maintenance import COMMIT_HOOKS
+from cues_platform.queues.layout import COMMIT_HOOKS
 
 EPOCH_APP_ID = "epoch"
 BACKING_RETENTION = "interval 1 hours"
@@ -207,8 +207,6 @@ class BackingQueue:
     def maintain(self) -> None:
         """Compact the records into few files, checkpoint, drop log entries and tombstones older
         than ``BACKING_RETENTION``, vacuum files unreferenced for 24 h. Changes no record."""
-        from cues_platform.queues import maintenance
-
         maintenance.maintain(self.queue, row_group_rows=BACKING_ROW_GROUP_ROWS)
 
     def last_record(self) -> Record | None:

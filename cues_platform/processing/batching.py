@@ -11,7 +11,7 @@ lag of exactly ``BACKLOG_FACTOR * batch_size`` is not a backlog.
 
 from __future__ import annotations
 
-from cues_platform.processing.graph import Options
+from cues_platform.processing.model import Options
 
 BACKLOG_FACTOR = 10
 

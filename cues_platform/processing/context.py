@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cues_platform.processing.graph import Options
+from cues_platform.processing.model import Options
 from cues_platform.queues import Lake, Producer, Queue, Tailer
 
 

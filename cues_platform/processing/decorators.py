@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from cues_platform.processing.errors import GraphError
-from cues_platform.processing.graph import AssetBody, In, Kind, Options, Out, Processor
+from cues_platform.processing.model import AssetBody, In, Kind, Options, Out, Processor
 
 FUNCTION_KINDS = (Kind.MAP, Kind.JOIN, Kind.ALTS, Kind.FORK, Kind.SINK)
 _RESERVED_INPUTS = {"context", "config"}

@@ -60,6 +60,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
+from cues_platform.processing.discovery import backing_folders
 from cues_platform.processing.errors import (
     HomeChangedError,
     LaneMigrationError,
@@ -67,11 +68,14 @@ from cues_platform.processing.errors import (
     RedeployError,
     StrategyChangedError,
 )
-from cues_platform.processing.graph import Graph, Processor, Strategy
+from cues_platform.processing.graph import Graph
+from cues_platform.processing.history import processor_history
 from cues_platform.processing.home import home_of, legacy_pos_app_id, pos_app_id
 from cues_platform.processing.lanes import family_of
+from cues_platform.processing.model import Processor, Strategy
 from cues_platform.processing.outputs import proc_app_id
 from cues_platform.processing.sources import is_source_like
+from cues_platform.processing.strategies import STEPS_KEY
 from cues_platform.queues import Lake
 from cues_platform.queues.names import validate_processor_id
 from cues_platform.queues.positions import PositionStore, open_system_table
@@ -179,8 +183,6 @@ class Registry:
 def derived_shape(lake: Lake, processor_id: str) -> Shape | None:
     """The shape of an exactly_once id the registry never saw (a lake written before it), from its
     last recorded step (None when it has none)."""
-    from cues_platform.processing.history import processor_history
-
     history = [r for r in processor_history(lake, processor_id) if r.is_attempt]
     if not history:
         return None
@@ -213,8 +215,6 @@ def progress(lake: Lake, shape: Shape, pair: Pair) -> int:
 def _delivered(lake: Lake, shape: Shape) -> bool:
     """Whether ``shape.processor`` delivered (or, for the position strategies, planned) a step."""
     if shape.strategy != Strategy.EXACTLY_ONCE.value:
-        from cues_platform.processing.strategies import STEPS_KEY
-
         return bool(PositionStore(lake).get(queue=STEPS_KEY, tailer=shape.processor, partition="0"))
     if shape.ends:
         return True
@@ -231,8 +231,6 @@ def _ways_out(*extra: str, forget: str) -> str:
 def check(graph: Graph, lake: Lake, *, only: Iterable[str] | None = None,
           registry: Mapping[str, Shape] | None = None) -> list[Shape]:
     """Steps 1-3 for the processors ``only`` (default: all) of ``graph``; returns their shapes."""
-    from cues_platform.audit.discovery import backing_folders
-
     registry = Registry(lake).shapes() if registry is None else registry
     ids = [pid for pid in (only or graph.processors) if not _is_source(graph.processors[pid])]
     current = {pid: Shape.of(graph.processors[pid]) for pid in graph.processors

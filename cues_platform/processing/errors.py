@@ -51,6 +51,11 @@ class StepInFlightError(RedeployError):
     the step must be finished by the graph that began it."""
 
 
+class LakeListingError(ProcessingError):
+    """A folder of the lake (``_cues/backing/``, ``queues/``) cannot be listed: permissions, or the
+    store refused the listing. Data: ``uri``. The auditor raises it as an ``AuditError``."""
+
+
 class GraphLoadError(ProcessingError):
     """A graph reference (``module:attr`` / ``file.py:attr``) cannot be resolved to a Graph."""
 

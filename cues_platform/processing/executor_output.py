@@ -47,7 +47,8 @@ from pyarrow import fs
 
 from cues_platform import clock
 from cues_platform.processing.contracts import checked_in_step
-from cues_platform.processing.graph import Graph, Out, OutputWriter, Processor, Strategy
+from cues_platform.processing.graph import Graph
+from cues_platform.processing.model import Out, OutputWriter, Processor, Strategy
 from cues_platform.processing.outputs import to_arrow
 from cues_platform.queues import Queue
 from cues_platform.queues.by_reference import (

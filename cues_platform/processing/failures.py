@@ -35,6 +35,8 @@ import re
 from enum import StrEnum
 from types import TracebackType
 
+from cues_platform.errors import CuesError
+
 CONTRACT_EXCEPTION_TYPE = "cues_platform.ContractViolation"
 # The user's output did not fit an output queue (wrong columns, types, nulls, partitions): a
 # contract break, handled like one although the platform's own code raised it.
@@ -158,8 +160,6 @@ def _raised_in_platform_code(exc: BaseException) -> bool:
 
 def origin_of(exc: BaseException, *, phase: Phase) -> Origin:
     """Whose failure is ``exc``, which escaped the step during ``phase``? (See the module doc.)"""
-    from cues_platform.errors import CuesError
-
     if phase is Phase.READ:
         return Origin.PLATFORM
     names = _mro_names(exc)

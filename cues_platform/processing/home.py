@@ -37,13 +37,14 @@ from deltalake.exceptions import CommitFailedError
 
 from cues_platform.processing.backing import RecordType, Snapshot
 from cues_platform.processing.errors import ProcessorFencedError
-from cues_platform.processing.graph import Kind, Processor
+from cues_platform.processing.model import Kind, Processor
 from cues_platform.processing.outputs import proc_app_id
 from cues_platform.queues import Queue
 from cues_platform.queues.appender import AppendResult, append_batches
 from cues_platform.queues.by_reference import WrittenPart, append_written
 from cues_platform.queues.integrity import TableStorage
-from cues_platform.queues.maintenance import COMMIT_HOOKS, trim_log
+from cues_platform.queues.layout import COMMIT_HOOKS
+from cues_platform.queues.maintenance import trim_log
 
 STEP_RECORD_KEY = "cues.step_record"  # "commit": this commit is the step's only record
 FENCE_ATTEMPTS = 200

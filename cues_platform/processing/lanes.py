@@ -39,16 +39,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from cues_platform.processing.errors import GraphError
+from cues_platform.processing.model import (  # the partition markers are defined with In and Out
+    ALL_PARTITIONS,
+    DEFAULT_PARTITION,
+    SAME_PARTITION,
+    Processor,
+    QueueDef,
+)
 
-if TYPE_CHECKING:
-    from cues_platform.processing.graph import Processor, QueueDef
+__all__ = ["ALL_PARTITIONS", "DEFAULT_PARTITION", "LANE_REFRESH_SECONDS", "SAME_PARTITION", "expand",
+           "family_of", "lane_id", "lane_partitions"]
 
-ALL_PARTITIONS = "*"  # In(queue): every partition of the queue (not a legal partition name)
-SAME_PARTITION = "="  # Out(queue): the lane's partition ("0" outside lanes)
-DEFAULT_PARTITION = "0"
 LANE_REFRESH_SECONDS = 5.0
 
 

@@ -34,8 +34,9 @@ from deltalake import DeltaTable
 from pyarrow import fs
 
 from cues_platform.processing.backing import Snapshot
+from cues_platform.processing.contracts import rows_as_json
 from cues_platform.processing.failures import CONTRACT_EXCEPTION_TYPE, exception_type_of
-from cues_platform.processing.graph import Out
+from cues_platform.processing.model import Out
 from cues_platform.queues import Lake, Queue
 from cues_platform.queues.appender import AppendResult, append_batches
 from cues_platform.queues.by_reference import WrittenPart, append_written
@@ -204,8 +205,6 @@ def error_table(snapshot: Snapshot, exc: BaseException) -> pa.Table:
 
 def contract_error_table(snapshot: Snapshot, *, queue: str, bad: pa.Table, reasons: list[str]) -> pa.Table:
     """One error row per row that broke ``queue``'s contract, naming the failed checks."""
-    from cues_platform.processing.contracts import rows_as_json
-
     n = bad.num_rows
     inputs = json.dumps({b: [r.queue, r.partition, r.start, r.end] for b, r in snapshot.inputs.items()})
     return pa.table({

@@ -27,8 +27,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cues_platform.processing.backing import Snapshot
+from cues_platform.processing.deployments import check_and_record
 from cues_platform.processing.errors import GraphError
-from cues_platform.processing.graph import Graph, Processor
+from cues_platform.processing.graph import Graph
+from cues_platform.processing.model import Processor
+from cues_platform.processing.runner import create_queues
 from cues_platform.processing.step import Hook, StepBase, StepFailure, StepResult
 from cues_platform.processing.strategies import make_stepper
 from cues_platform.queues import Lake
@@ -54,9 +57,6 @@ class PhasedStep:
         if graph.processors.get(processor.id) is not processor:
             raise GraphError(f"processor {processor.id!r} is not in graph {graph.name!r}",
                              processor=processor.id)
-        from cues_platform.processing.deployments import check_and_record
-        from cues_platform.processing.runner import create_queues
-
         check_and_record(graph, lake, only=[processor.id])  # a changed graph: continued or refused
         create_queues(graph, lake)  # as GraphRunner does: a new lake needs no set-up
         stepper = make_stepper(graph=graph, processor=processor, lake=lake, spark=spark,

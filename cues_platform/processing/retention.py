@@ -32,7 +32,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from deltalake import CommitProperties, DeltaTable
+from deltalake.exceptions import CommitFailedError
+
 from cues_platform import clock
+from cues_platform.processing.deployments import Registry, derived_shape, progress
+from cues_platform.processing.discovery import backing_processors
+from cues_platform.processing.history import digest_before_maintenance
+from cues_platform.queues.coordinator import abort_expired
+from cues_platform.queues.errors import ConcurrentAppendError
+from cues_platform.queues.layout import COMMIT_HOOKS
+from cues_platform.queues.maintenance import (
+    COMPACT_COMMIT_RETRIES,
+    delta_retention_hours,
+    maintain,
+    platform_ahead_ms,
+    retention_whole_hours,
+)
 from cues_platform.queues.positions import PositionStore
 from cues_platform.queues.reader import Isolation, plan_read
 from cues_platform.queues.retention import (
@@ -94,9 +110,6 @@ def _lower(holds: dict[str, Hold], partition: str, hold: Hold) -> None:
 
 def processor_holds(lake: Lake, queue: Queue, holds: dict[str, Hold]) -> None:
     """Lower ``holds`` to every processor lane's position on ``queue``."""
-    from cues_platform.audit.discovery import backing_processors
-    from cues_platform.processing.deployments import Registry, derived_shape, progress
-
     shapes = Registry(lake).shapes()
     for pid in backing_processors(lake):  # a lake written before the registry
         if pid not in shapes and (derived := derived_shape(lake, pid)) is not None:
@@ -165,10 +178,6 @@ def maintain_queue(queue: Queue, *, retention_hours: float = 24.0,
     """Everything maintenance does to one queue, in order: abort transactions past their timeout,
     digest a processor home's step records, apply retention, then compact, checkpoint and vacuum
     (``queues/maintenance.py``; the vacuum retention is checked before anything changes)."""
-    from cues_platform.processing.history import digest_before_maintenance
-    from cues_platform.queues.maintenance import maintain, retention_whole_hours
-    from cues_platform.queues.transactions import abort_expired
-
     retention_whole_hours(queue.name, retention_hours, unsafe=unsafe_allow_short_retention)
     abort_expired(queue.lake)
     digest_before_maintenance(queue)
@@ -187,18 +196,6 @@ def maintain_system_tables(lake: Lake, *, retention_hours: float = 24.0,
     read an add action per commit. Their rows all stay (positions and decisions are history and
     state); only the files are merged, and the log is trimmed as their handles always do.
     Returns the files compacted away per table (a table never used is skipped)."""
-    from deltalake import CommitProperties, DeltaTable
-    from deltalake.exceptions import CommitFailedError
-
-    from cues_platform.queues.errors import ConcurrentAppendError
-    from cues_platform.queues.maintenance import (
-        COMMIT_HOOKS,
-        COMPACT_COMMIT_RETRIES,
-        delta_retention_hours,
-        platform_ahead_ms,
-        retention_whole_hours,
-    )
-
     retention_whole_hours("system tables", retention_hours, unsafe=unsafe_allow_short_retention)
     hours = delta_retention_hours(retention_hours, ahead_ms=platform_ahead_ms())
     out = {}

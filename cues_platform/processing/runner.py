@@ -18,17 +18,19 @@ from typing import Any
 from cues_platform.processing.deployments import check_and_record
 from cues_platform.processing.errors import GraphError, ProcessorFencedError
 from cues_platform.processing.events import EventSink, step_fields
-from cues_platform.processing.graph import Graph, Kind, Processor
+from cues_platform.processing.graph import Graph
 from cues_platform.processing.lanes import (
     ALL_PARTITIONS,
     LANE_REFRESH_SECONDS,
     SAME_PARTITION,
 )
+from cues_platform.processing.model import Kind, Processor
 from cues_platform.processing.sources import SourceStepper, is_source_like
 from cues_platform.processing.step import Hook, StepBase, StepResult
 from cues_platform.processing.strategies import make_stepper
 from cues_platform.queues import Lake
 from cues_platform.signals import StopSignals
+from cues_platform.spark import get_spark
 
 
 @dataclass
@@ -72,8 +74,6 @@ class GraphRunner:
             pid for pid, p in graph.processors.items() if pid in only or p.family in only])
         create_queues(graph, lake)
         if spark is None:
-            from cues_platform.spark import get_spark
-
             spark = get_spark()
         self._spark, self._resources, self._hook, self._only = spark, resources, hook, only
         self.steppers: dict[str, StepBase] = {}

@@ -36,7 +36,7 @@ from cues_platform.processing.errors import (
     SinkSchemaError,
     SinkStorageError,
 )
-from cues_platform.queues.maintenance import COMMIT_HOOKS
+from cues_platform.queues.layout import COMMIT_HOOKS
 
 SINK_APP_PREFIX = "sink:"  # Delta app id prefix: version = last applied step of that processor
 DEFAULT_TABLE = "cues_sink_deliveries"

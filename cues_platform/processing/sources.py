@@ -26,12 +26,12 @@ from __future__ import annotations
 from typing import Any
 
 from cues_platform.processing.backing import Snapshot
-from cues_platform.processing.graph import Kind
+from cues_platform.processing.model import Kind
 from cues_platform.processing.outputs import commit_once, partitioned, split_outputs, to_arrow
 from cues_platform.processing.step import StepBase, StepResult, without_metadata
 from cues_platform.processing.strategies import STEPS_KEY
+from cues_platform.queues.layout import PRODUCER
 from cues_platform.queues.positions import PositionStore
-from cues_platform.queues.producer import producer_app_id
 
 
 class SourceStepper(StepBase):
@@ -51,7 +51,7 @@ class SourceStepper(StepBase):
         if saved is None:  # an imperative processor, or a source last run by an older version
             seqs = []
             for o in self.processor.outputs.values():
-                last = self.queues[o.queue].refresh().transaction_version(producer_app_id(self.processor.id))
+                last = self.queues[o.queue].refresh().transaction_version(PRODUCER.id(self.processor.id))
                 seqs.append(0 if last is None else int(last) + 1)
             saved = min(seqs, default=0)
         self.next_step = saved

@@ -106,7 +106,8 @@ from cues_platform.processing.errors import (
 )
 from cues_platform.processing.executor_output import executor_output, write_by_executors
 from cues_platform.processing.failures import Origin, Phase, origin_of, qualified_name
-from cues_platform.processing.graph import Graph, Kind, Processor, SnapshotAt
+from cues_platform.processing.graph import Graph
+from cues_platform.processing.history import HomeDigests, processor_history
 from cues_platform.processing.home import (
     FENCE_ATTEMPTS,
     HomeState,
@@ -118,6 +119,7 @@ from cues_platform.processing.home import (
     read_home,
     trim_home_log,
 )
+from cues_platform.processing.model import Kind, Processor, SnapshotAt
 from cues_platform.processing.outputs import (
     commit_staged,
     conformed,
@@ -460,8 +462,6 @@ class ExactlyOnceStepper(StepBase):
 
     def _last_step_snapshot(self, step: int) -> Snapshot | None:
         """The recorded snapshot of delivered step ``step`` (O(history): only when migrating)."""
-        from cues_platform.processing.history import processor_history
-
         found = [r.snapshot for r in processor_history(self.lake, self.processor.id)
                  if r.is_attempt and r.step == step]
         return found[-1] if found else None
@@ -585,8 +585,6 @@ class ExactlyOnceStepper(StepBase):
         what is digested, never by the local clock."""
         if self.home is None:
             return
-        from cues_platform.processing.history import HomeDigests
-
         home = self.queues[self.home]
         upto = HomeDigests(self.lake, self.home).digest(home)
         # Only now may the home's old log entries go: every step they hold is digested (commits

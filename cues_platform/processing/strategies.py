@@ -34,7 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 from cues_platform.processing.backing import Range, Snapshot
-from cues_platform.processing.graph import Kind, Strategy
+from cues_platform.processing.model import Kind, Strategy
 from cues_platform.processing.outputs import commit_direct
 from cues_platform.processing.step import ExactlyOnceStepper, StepBase, StepResult
 from cues_platform.queues.positions import PositionStore

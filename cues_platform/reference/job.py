@@ -22,10 +22,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cues_platform.audit import audit
+from cues_platform.pgserver_db import dsn_from_env
 from cues_platform.processing import Graph, GraphRunner, ProcessorStats
+from cues_platform.processing.runner import create_queues
 from cues_platform.queues import Lake
-from cues_platform.queues.lake import reset_local_lake
+from cues_platform.queues.location import reset_local_lake
 from cues_platform.reference import model as m
+from cues_platform.reference.deployment import run_main_job
 from cues_platform.reference.generator import (
     CONTRACT,
     CONTRACT_REASON,
@@ -36,6 +40,7 @@ from cues_platform.reference.generator import (
 from cues_platform.reference.ledger import LedgerDB, LedgerTotals, totals
 from cues_platform.reference.pipeline import payments_graph
 from cues_platform.reference.report import read_results, settlement_report
+from cues_platform.spark import get_spark
 
 DEFAULT_PG_DIR = ".cues/postgres"
 
@@ -213,10 +218,6 @@ def run_reference(*, lake_root: str, spec: TrafficSpec, console: Any, ledger: Le
     """Generate → process → reconcile → audit, printing progress and a summary on ``console``."""
     from rich.progress import Progress
 
-    from cues_platform.audit import audit
-    from cues_platform.pgserver_db import dsn_from_env
-    from cues_platform.processing.runner import create_queues
-
     started = time.monotonic()
     timings: dict[str, float] = {}
     console.print(f"[bold]cues_platform reference pipeline: payments postings[/] — lake at {lake_root}")
@@ -246,14 +247,10 @@ def run_reference(*, lake_root: str, spec: TrafficSpec, console: Any, ledger: Le
 
     t = time.monotonic()
     with console.status("starting Spark ..."):
-        from cues_platform.spark import get_spark
-
         spark = get_spark()
     timings["spark start"] = time.monotonic() - t
     t = time.monotonic()
     if engine == "dagster":
-        from cues_platform.reference.deployment import run_main_job
-
         run_main_job(project=Path.cwd(), lake=lake, graph=graph, days=traffic.days, console=console)
     else:
         process(graph, lake, spark=spark, ledger=ledger, console=console)

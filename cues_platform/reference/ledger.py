@@ -24,6 +24,7 @@ import pyarrow as pa
 from psycopg import sql
 
 from cues_platform.errors import ConfigurationError
+from cues_platform.processing.sinks import postgres_once
 
 DEFAULT_SCHEMA = "cues_ledger"
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -73,8 +74,6 @@ def ensure_schema(conn: psycopg.Connection, schema: str) -> None:
 
 def book(ctx: Any, db: LedgerDB | Any, entries: pa.Table) -> bool:
     """Book ``entries`` (schema ``LEDGER_ENTRIES``) once for this delivery; True if booked now."""
-    from cues_platform.processing.sinks import postgres_once
-
     directory = ctx.lake.queue("accounts").read_arrow(
         partition="0", columns=["account", "participant", "opening_balance"]).to_pylist()
     rows = entries.to_pylist()

@@ -57,7 +57,11 @@ from cues_platform.processing import (
     QueueDef,
     processor_asset,
 )
+from cues_platform.processing.backing import Snapshot
+from cues_platform.processing.home import pos_app_id
+from cues_platform.processing.outputs import proc_app_id
 from cues_platform.reference import model as m
+from cues_platform.reference.ledger import book
 
 GRAPH_NAME = "payments"
 FIXING_EPOCH = datetime(2026, 11, 20, tzinfo=UTC)
@@ -188,10 +192,6 @@ def convert_position(lake: Any) -> tuple[int, int]:
     through an attempt record (error rows, a lake of the previous protocol) that the home has not
     closed yet, that attempt's ends (recovery rolls it forward, so it counts as read)."""
     from deltalake import DeltaTable
-
-    from cues_platform.processing.backing import Snapshot
-    from cues_platform.processing.home import pos_app_id
-    from cues_platform.processing.outputs import proc_app_id
 
     ends = (0, 0)
     done = -1
@@ -342,8 +342,6 @@ def _directory_owners(lake: Any) -> dict[str, str]:
 def ledger(ctx: Any, entries: Any) -> None:
     """Book the entries and move the balances in PostgreSQL, once per delivery (the delivery hash
     row commits with them). Needs the ``ledger`` resource (:class:`LedgerDB`)."""
-    from cues_platform.reference.ledger import book
-
     table = entries.toArrow() if hasattr(entries, "toArrow") else entries
     book(ctx, ctx.resources["ledger"], table.drop_columns([c for c in table.column_names if c.startswith("_")]))
 
