@@ -265,7 +265,7 @@ class QueueHandle:
 
         Each commit is checked once per handle: the first call checks the newest commit, later
         calls only the commits that appeared since (one small JSON read and one stat per new data
-        file each). Older damage is the auditor's (:func:`integrity.verify_log`). Damage once
+        file each). Older damage is the auditor's (:func:`handle.verify_log`). Damage once
         found keeps this handle refusing: repair the log and open the queue again.
         """
         with self._lock:

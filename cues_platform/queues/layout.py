@@ -7,8 +7,8 @@ An app transaction (Delta's ``txn`` action, ``app_id = version``) is the platfor
 offsets, producer sequences, fences, positions, transaction decisions. Each is written in the same
 commit as the data it describes, so it holds exactly when that data does. :data:`APP_IDS` is the
 registry: for each id its table, the meaning of its version, the module that writes it and what
-makes it go away. ``python -m cues_platform.queues.layout`` prints it as docs/app-transactions.md
-(a test keeps that page equal to this registry).
+makes it go away. ``python -m cues_platform.devtools.pages --write`` prints it as
+docs/app-transactions.md (a test keeps that page equal to this registry).
 
 Only ids written with ``lastUpdated`` can expire (Delta's ``delta.setTransactionRetentionDuration``,
 judged by delta-rs with the real clock of the process loading a snapshot): :func:`expires` says
@@ -167,26 +167,3 @@ EXPIRING_PREFIXES = tuple(dict.fromkeys(a.prefix for a in APP_IDS if a.expiring)
 def expires(app_id: str) -> bool:
     """Whether ``app_id`` is written with ``lastUpdated`` (may be expired by Delta's retention)."""
     return app_id.startswith(EXPIRING_PREFIXES)
-
-
-def markdown() -> str:
-    """The registry as the page docs/app-transactions.md."""
-    lines = [
-        "# App-transaction ids",
-        "",
-        "Generated from `cues_platform/queues/layout.py` (`python -m cues_platform.queues.layout`);"
-        " a test keeps this page equal to the code. Each id is written in the same Delta commit as"
-        " the data it describes. Ids marked *expiring* carry `lastUpdated` and may be forgotten by"
-        f" Delta after `{TXN_RETENTION_KEY}`; all others live as long as their table.",
-        "",
-        "| id | table | version means | written by | goes away |",
-        "|---|---|---|---|---|",
-    ]
-    for a in APP_IDS:
-        shown = f"`{a.prefix}{a.key}`" + (" *expiring*" if a.expiring else "")
-        lines.append(f"| {shown} | {a.table} | {a.version} | {a.owner} | {a.expiry} |")
-    return "\n".join(lines) + "\n"
-
-
-if __name__ == "__main__":
-    print(markdown(), end="")

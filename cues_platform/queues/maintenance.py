@@ -315,7 +315,7 @@ def set_app_transaction_retention(queue: QueueHandle, *, days: int) -> None:
     """Let Delta forget producer ids and transaction markers idle for ``days``.
 
     Only producer ids (``prod:``), producer epochs (``pepoch:``) and a queue's per-transaction
-    markers (``txn:``) carry ``lastUpdated`` and can expire (``appender.expires``): an expired
+    markers (``txn:``) carry ``lastUpdated`` and can expire (``layout.expires``): an expired
     producer id's old instance raises ``UnknownProducerIdError`` and a new instance opens a new
     epoch and starts again at sequence 0 (``idempotence.py``); an expired transaction marker is
     resolved from the coordinator, which keeps every decision. Offsets (``part:``), processor
