@@ -2,7 +2,7 @@
 
 Precedence, lowest first: the defaults below < the TOML file named by ``$CUES_CONFIG`` (top-level
 keys named like the fields, ``lake = "s3://bucket/lake"``) < the environment variables below <
-command-line values (:func:`set_command_line`, what ``cues demo --lake`` uses so the deployment it
+command-line values (:func:`command_line`, what ``cues demo --lake`` uses so the deployment it
 loads in the same process sees its lake).
 
 :func:`current` builds :class:`Settings` at first use and keeps it: it is built again only when one
@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -222,18 +223,24 @@ def current() -> Settings:
     return built
 
 
-def set_command_line(**values: Any) -> None:
-    """The command-line layer (highest precedence) of this process: ``cues demo --lake X`` sets
-    ``lake`` so everything it runs in-process (the Dagster deployment) uses X. None: unset."""
+@contextmanager
+def command_line(**values: Any) -> Iterator[Settings]:
+    """The command-line layer (highest precedence) of this process while the block runs: ``cues
+    demo --lake X`` runs the Dagster deployment in-process inside ``command_line(lake=X)``, so the
+    deployment's lake resource opens X. None values are skipped. Yields the settings in force."""
     for key, value in values.items():
         if key not in _BY_NAME:
             raise SettingError(f"unknown setting {key!r} on the command line", variable=None,
                                setting=key, source="command line")
-        if value is None:
-            _command_line.pop(key, None)
-        else:
+        if value is not None:
             parse(_BY_NAME[key], value, source="command line")
-            _command_line[key] = value
+    saved = dict(_command_line)
+    _command_line.update({k: v for k, v in values.items() if v is not None})
+    try:
+        yield current()
+    finally:
+        _command_line.clear()
+        _command_line.update(saved)
 
 
 def secret(variable: str) -> str | None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import click
 import psycopg
+from click.core import ParameterSource
 
 from cues_platform.errors import CuesError
 from cues_platform.oneline import EXIT_BAD_INPUT, EXIT_BUG, bug_hint, exception_line, fail
@@ -29,9 +30,12 @@ from cues_platform.settings import DEFAULTS, child_environment, current
 from cues_platform.signals import StopSignals
 
 
-def _default_lake() -> str:
-    """``--lake``'s default, read when a command runs: ``$CUES_LAKE`` or ``lake`` (settings.py)."""
-    return current().lake
+def _lake_from_settings(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """``--lake`` when given, else the setting ``lake`` (``$CUES_LAKE``, the settings file, or
+    ``lake``: ``cues_platform/settings.py``), read when the command runs."""
+    if ctx.get_parameter_source(param.name or "") is ParameterSource.DEFAULT:
+        return current().lake
+    return value
 
 
 class _Group(click.Group):
@@ -49,7 +53,8 @@ class _Group(click.Group):
             fail(f"unexpected {exception_line(exc)} {bug_hint()}", exc, EXIT_BUG)
 
 
-lake_option = click.option("--lake", "lake_root", default=_default_lake, show_default=DEFAULTS.lake,
+lake_option = click.option("--lake", "lake_root", default=DEFAULTS.lake, show_default=True,
+                           callback=_lake_from_settings,
                            help="Lake root: a folder or a delta-rs URI.")
 id_option = click.option("--id", "participant", required=True,
                          help="Participant id: lowercase letter, then [a-z0-9_-], <= 64 chars.")

@@ -214,7 +214,7 @@ def test_commit_racing_an_abort_ends_in_exactly_one_decision(lake, make_queue) -
 
 def _cli():
     from cues_platform.cli import CuesGroup
-    from cues_platform.commands.txn import txn
+    from cues_platform.cli.txn import txn
 
     group = CuesGroup(name="cues")
     group.add_command(txn)

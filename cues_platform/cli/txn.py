@@ -5,7 +5,7 @@ its id, transactional id, epoch, age, deadline and the queues its sends register
 aborts those already past their deadline (the same sweep as maintenance), so what it prints is
 what still holds read_committed readers back. ``cues txn abort ID --yes`` aborts one now: the
 same fenced coordinator decision as a timeout (``queues/transactions.py``), so its owner's later
-commit fails with ProducerFencedError. ``cues_platform/cli.py`` adds this group to ``cues``.
+commit fails with ProducerFencedError. ``cues_platform/cli/root.py`` adds this group to ``cues``.
 """
 
 from __future__ import annotations
@@ -13,27 +13,17 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import click
-from rich.console import Console
 from rich.table import Table
 
+from cues_platform.cli.common import console, lake_option, open_lake
 from cues_platform.clock import now_ms
 from cues_platform.errors import ConfigurationError
-
-console = Console()
-
-lake_option = click.option("--lake", "lake_root", default="lake", show_default=True,
-                           envvar="CUES_LAKE", help="Lake root: a folder or a delta-rs URI.")
+from cues_platform.queues.coordinator import abort_expired, abort_transaction, open_transactions
 
 
 @click.group("txn")
 def txn() -> None:
     """Open producer transactions (what holds read_committed readers back) and aborting one."""
-
-
-def _lake(lake_root: str):  # noqa: ANN202 - a Lake
-    from cues_platform.commands.common import open_lake
-
-    return open_lake(lake_root)
 
 
 def _when(ms: int) -> str:
@@ -44,9 +34,7 @@ def _when(ms: int) -> str:
 @lake_option
 def txn_list(lake_root: str) -> None:
     """Open transactions: id, transactional id, epoch, age, deadline, queues."""
-    from cues_platform.queues.transactions import abort_expired, open_transactions
-
-    lake = _lake(lake_root)
+    lake = open_lake(lake_root)
     expired = abort_expired(lake)
     if expired:
         console.print(f"aborted past their deadline: {', '.join(expired)}")
@@ -64,13 +52,11 @@ def txn_list(lake_root: str) -> None:
 @lake_option
 def txn_abort(txn_id: str, yes: bool, lake_root: str) -> None:
     """Abort the open transaction TXN_ID now (its owner is fenced: its commit fails)."""
-    from cues_platform.queues.transactions import abort_transaction
-
     if not yes:
         raise ConfigurationError(
             f"aborting transaction {txn_id!r} discards its rows for read_committed readers and "
             "fences its producer (its commit will fail): pass --yes to confirm", txn_id=txn_id)
-    abort_transaction(_lake(lake_root), txn_id)
+    abort_transaction(open_lake(lake_root), txn_id)
     console.print(f"aborted {txn_id}")
 
 
