@@ -27,6 +27,7 @@ from dagster import (
 )
 
 from cues_platform.dagster.error_queues import observe_error_queue
+from cues_platform.dagster.function_assets import build_function_asset
 from cues_platform.dagster.io_manager import QUEUE_METADATA
 from cues_platform.dagster.keys import queue_key
 from cues_platform.dagster.materialize import (
@@ -178,8 +179,6 @@ def build_processor_asset(graph: Graph, proc: Processor, *, prefix: Sequence[str
     function face of a ``@processor_asset`` (``function_assets.py``)."""
     specs = processor_specs(graph, proc, prefix=prefix, group_name=group_name)
     if proc.asset_body is AssetBody.FUNCTION:
-        from cues_platform.dagster.function_assets import build_function_asset
-
         return build_function_asset(
             graph, proc, specs=specs, prefix=prefix, retry_policy=retry_policy,
             pool=processor_pool(graph, proc), resource_keys=(LAKE_KEY, SPARK_KEY, BACKING_KEY),

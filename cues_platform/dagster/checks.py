@@ -47,18 +47,22 @@ from dagster import (
     multi_asset_check,
 )
 
+from cues_platform.audit import audit
 from cues_platform.audit.report import NO_DELIVERY_HASH
 from cues_platform.dagster.assets import (
     LAKE_KEY,
     SPARK_KEY,
+    external_queues,
     is_audited,
     output_queues,
     processor_keys,
     queue_key,
 )
+from cues_platform.dagster.error_queues import error_counts, error_queue_writers
 from cues_platform.dagster.materialize import ARRIVED_RANGES, WRITTEN_RANGES, latest_metadata
 from cues_platform.dagster.resources import spark_session_of
 from cues_platform.processing.contracts import contract_kind
+from cues_platform.processing.failures import Origin, origin_of_exception_type
 from cues_platform.processing.graph import Graph, Processor
 from cues_platform.queues import Lake, OffsetOutOfRangeError
 from cues_platform.queues.schema import DELIVERY_HASH, OFFSET, RESERVED
@@ -274,8 +278,6 @@ def build_processor_checks(graph: Graph, proc: Processor, *, prefix: Sequence[st
                 yield _contract_result(context, spec.asset_key, lake, q, graph.queues[q].contract)
                 continue
             if report is None:
-                from cues_platform.audit import audit
-
                 report = audit(lake, graph=graph)
             if spec.name == OUTSIDE_PROTOCOL:
                 yield _outside_protocol_result(context, spec.asset_key, lake, q, graph.queues[q].contract, report)
@@ -398,9 +400,6 @@ def build_error_queue_check(name: str, *, prefix: Sequence[str] = ()) -> Any:
     row whose exception type is the platform's (Delta, the file system, Py4J/Spark, ours): such a
     row was written by a failure that was never the user's (older versions filed them as the
     user's), and the step it names must be looked at (``cues audit`` reports it too)."""
-    from cues_platform.dagster.error_queues import error_counts
-    from cues_platform.processing.failures import Origin, origin_of_exception_type
-
     @asset_check(asset=queue_key(name, prefix), name=PLATFORM_ERRORS, required_resource_keys={LAKE_KEY},
                  description=f"no error row of {name!r} was written by a platform failure")
     def _check(context: AssetCheckExecutionContext) -> AssetCheckResult:
@@ -419,9 +418,6 @@ def build_error_queue_check(name: str, *, prefix: Sequence[str] = ()) -> Any:
 
 
 def build_checks(graph: Graph, *, prefix: Sequence[str] = ()) -> list[Any]:
-    from cues_platform.dagster.assets import external_queues
-    from cues_platform.dagster.error_queues import error_queue_writers
-
     out = []
     for pid in graph.family_order():
         c = build_processor_checks(graph, graph.as_declared(pid), prefix=prefix)

@@ -31,6 +31,7 @@ from cues_platform.dagster.io_manager import CuesIOManager
 from cues_platform.dagster.resources import BackingQueueResource, CuesSparkResource, LakeResource
 from cues_platform.dagster.sensors import build_sensors
 from cues_platform.dagster.step_io import STEP_IO_KEY, CuesStepIOManager
+from cues_platform.processing.errors import GraphError
 from cues_platform.processing.graph import AssetBody, Graph
 
 RESERVED_KEYS = (LAKE_KEY, SPARK_KEY, BACKING_KEY, IO_MANAGER_KEY, STEP_IO_KEY)
@@ -99,8 +100,6 @@ def build_definitions(
 
     unknown = sorted(set(producers or {}) - set(external_queues(graph)))
     if unknown:
-        from cues_platform.processing.errors import GraphError
-
         raise GraphError(f"graph {graph.name!r}: producers given for {unknown}, which are not external "
                          f"input queues (those are {sorted(external_queues(graph))})")
     externals = [external_spec(graph, q, prefix=prefix, group_name=group_name,
@@ -147,8 +146,6 @@ def schedule_status(automation: DefaultSensorStatus) -> DefaultScheduleStatus:
 
 
 def _check_unique_keys(graph: Graph, prefix: tuple[str, ...], external: set) -> None:
-    from cues_platform.processing.errors import GraphError
-
     seen: dict[Any, str] = {k: "external or error queue" for k in external}
     for pid in graph.family_order():
         for key in processor_keys(graph.as_declared(pid), prefix):
@@ -163,8 +160,6 @@ def _check_unique_keys(graph: Graph, prefix: tuple[str, ...], external: set) -> 
 def _check_function_assets(graph: Graph) -> None:
     """A ``@processor_asset`` is one step per materialization: of one lane. Over every partition
     of a queue (several lanes) it is refused here, in one line, rather than stepping one lane."""
-    from cues_platform.processing.errors import GraphError
-
     for family, lanes in graph.families.items():
         proc = graph.processors[lanes[0]]
         if proc.asset_body is AssetBody.FUNCTION and len(lanes) > 1:

@@ -44,6 +44,7 @@ from pydantic import Field
 from cues_platform.dagster.assets import LAKE_KEY
 from cues_platform.dagster.resources import LakeResource
 from cues_platform.errors import CuesError
+from cues_platform.processing.retention import maintain_queue, maintain_system_tables
 from cues_platform.queues.maintenance import (
     DEFAULT_VACUUM_RETENTION_HOURS,
     MIN_SAFE_RETENTION_HOURS,
@@ -120,8 +121,6 @@ def build_maintenance_op(*, lake_key: str = LAKE_KEY) -> Any:
         description=f"abort expired transactions, apply retention, compact, checkpoint and vacuum "
                     f"every queue of the lake resource {lake_key!r} (`cues queue maintain` on each)")
     def _maintain(context: OpExecutionContext, config: MaintenanceConfig) -> Output:
-        from cues_platform.processing.retention import maintain_queue, maintain_system_tables
-
         resource: LakeResource = getattr(context.resources, lake_key)
         lake = resource.lake()
         names = sorted(set(config.queues)) if config.queues is not None else lake.list_queues()

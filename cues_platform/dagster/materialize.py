@@ -13,6 +13,7 @@ from pydantic import Field
 
 from cues_platform.errors import CuesError
 from cues_platform.processing.graph import Graph, Processor
+from cues_platform.processing.outputs import delivered_to
 from cues_platform.processing.runner import GraphRunner, ProcessorStats
 from cues_platform.processing.step import StepResult
 
@@ -144,8 +145,6 @@ def pending_delivery(lake: Any, processor_id: str, record: Any, *, home: str | N
     attempt, a snapshot or no record."""
     if record is None or not record.is_attempt:
         return False
-    from cues_platform.processing.outputs import delivered_to
-
     queues = set(record.outputs.get("files", {})) | ({home} if home else set())
     return not all(delivered_to(lake.queue(q), processor_id, record.step) for q in sorted(queues))
 

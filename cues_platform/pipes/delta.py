@@ -7,18 +7,20 @@ exactly the monotonic index the stream pipe requires. The data lives in the Delt
 survives the crash of every worker and of the process; a new :class:`DeltaStreamStore` over the
 same lake root and queue name sees everything appended before.
 
-The queue layer is imported lazily: the rest of :mod:`cues_platform.pipes` does not need it.
+Only this module of :mod:`cues_platform.pipes` imports the queue layer (the package's
+``__init__`` does not import it): the in-memory pipes need no Delta.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import pyarrow as pa
+
+from cues_platform.queues import Lake, Queue, QueueError
 
 from .errors import StorageError
 from .messages import decode, encode
-
-if TYPE_CHECKING:
-    from cues_platform.queues import Queue
 
 PAYLOAD = "payload"
 OFFSET = "_offset"
@@ -42,10 +44,6 @@ class DeltaStreamStore:
         producer_id: str = "pipes",
     ) -> DeltaStreamStore:
         """Create (or reuse) the queue ``name`` under the lake ``root`` and wrap it."""
-        import pyarrow as pa
-
-        from cues_platform.queues import Lake, QueueError
-
         try:
             queue = Lake(root=root).create_queue(
                 name,
@@ -58,10 +56,6 @@ class DeltaStreamStore:
         return cls(queue=queue, partition=partition, producer_id=producer_id)
 
     def append(self, payload: Any) -> int:
-        import pyarrow as pa
-
-        from cues_platform.queues import QueueError
-
         batch = pa.table({PAYLOAD: pa.array([encode(payload).decode()], pa.string())})
         try:
             result = self._producer.send(batch, partition=self.partition)
@@ -70,8 +64,6 @@ class DeltaStreamStore:
         return int(result.first_offset)
 
     def read(self, start: int, limit: int) -> list[tuple[int, Any]]:
-        from cues_platform.queues import QueueError
-
         if start < 0 or limit < 1:
             raise StorageError(f"bad read window start={start} limit={limit}")
         try:
