@@ -14,7 +14,7 @@ from typing import NoReturn
 
 import click
 
-from cues_platform.settings import current
+from cues_platform.settings import SettingError, current
 
 DEBUG_ENV = "CUES_DEBUG"
 EXIT_BAD_INPUT = 2  # a CuesError, or a storage fault: the input, the settings or the lake must change
@@ -22,7 +22,12 @@ EXIT_BUG = 3  # an unexpected exception: a bug to report
 
 
 def debugging() -> bool:
-    return current().debug
+    """``CUES_DEBUG`` is set. False when the settings themselves are bad: the error being reported
+    is then (or follows) that SettingError, which names the variable; it is printed either way."""
+    try:
+        return current().debug
+    except SettingError:
+        return False
 
 
 def bug_hint() -> str:
