@@ -38,7 +38,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from cues_platform.queues import Lake
+from cues_platform.queues import Lake, Queue
 from cues_platform.reference import model as m
 
 CURRENCY_MIX = {"EUR": 0.6, "USD": 0.15, "GBP": 0.1, "CHF": 0.07, "SEK": 0.05, "JPY": 0.03}
@@ -118,30 +118,55 @@ def generate(lake: Lake, spec: TrafficSpec | None = None, *,
     spec = spec or TrafficSpec()
     started = time.monotonic()
     rng = random.Random(spec.seed)
-    postings = lake.queue("postings")
-    directory_queue = lake.queue("accounts")
-    if directory_queue.count():  # reference data, published once: later traffic books against it
-        accounts = directory_queue.read_arrow(partition="0").select(m.ACCOUNTS.names).cast(m.ACCOUNTS)
-    else:
-        accounts = directory(spec)
-        directory_queue.producer(producer_id="directory").send(accounts, partition="0", sequence=0)
-    by_participant: dict[str, list[str]] = {}
-    balances: dict[str, float] = {}
-    for a in accounts.to_pylist():
-        by_participant.setdefault(a["participant"], []).append(a["account"])
-        balances[a["account"]] = float(a["opening_balance"])
-    gateways = {n: postings.producer(producer_id=f"gateway-{n}") for n in spec.participants}
-    buffers: dict[str, list[tuple[dict, dict]]] = {n: [] for n in spec.participants}
-    valid_sent: dict[str, list[dict]] = {n: [] for n in spec.participants}
-    expected_rows: list[dict] = []
+    accounts = _published_directory(lake.queue("accounts"), spec)
     traffic = Traffic(spec, EXPECTED.empty_table(), directory_rows=accounts.num_rows)
-    seq_ids = Counter()
+    gateways = _Gateways(lake.queue("postings"), spec, rng, traffic)
+    draw = _Draw(spec, rng, accounts, traffic.counts)
     clock = spec.start
     wall0 = time.monotonic()
-    produced = 0
+    for produced in range(1, spec.messages + 1):
+        clock += timedelta(seconds=rng.expovariate(spec.rate))
+        if spec.realtime:
+            due = wall0 + (clock - spec.start).total_seconds()
+            time.sleep(max(0.0, due - time.monotonic()))
+        gateways.add(*draw.posting(clock))
+        if progress:
+            progress(produced, spec.messages)
+    for sender in spec.participants:
+        gateways.flush(sender)
+    traffic.expected = pa.Table.from_pylist(gateways.expected_rows, schema=EXPECTED).sort_by(
+        [("posting_partition", "ascending"), ("posting_offset", "ascending")])
+    traffic.elapsed = time.monotonic() - started
+    return traffic
 
-    def flush(sender: str) -> None:
-        rows = buffers[sender]
+
+def _published_directory(directory_queue: Queue, spec: TrafficSpec) -> pa.Table:
+    """The account directory: reference data, published once (sequence 0 of producer
+    ``directory``); later traffic books against the one already published."""
+    if directory_queue.count():
+        return directory_queue.read_arrow(partition="0").select(m.ACCOUNTS.names).cast(m.ACCOUNTS)
+    accounts = directory(spec)
+    directory_queue.producer(producer_id="directory").send(accounts, partition="0", sequence=0)
+    return accounts
+
+
+class _Gateways:
+    """The participants' gateways: one idempotent producer each, sending a batch of ``spec.batch``
+    postings at a time (one sequence per batch) and, with ``p_resend``, the same batch again."""
+
+    def __init__(self, postings: Queue, spec: TrafficSpec, rng: random.Random, traffic: Traffic) -> None:
+        self.spec, self.rng, self.traffic = spec, rng, traffic
+        self.producers = {n: postings.producer(producer_id=f"gateway-{n}") for n in spec.participants}
+        self.buffers: dict[str, list[tuple[dict, dict]]] = {n: [] for n in spec.participants}
+        self.expected_rows: list[dict] = []  # each posting's expected outcome, at its offset
+
+    def add(self, sender: str, posting: dict, exp: dict) -> None:
+        self.buffers[sender].append((posting, exp))
+        if len(self.buffers[sender]) >= self.spec.batch:
+            self.flush(sender)
+
+    def flush(self, sender: str) -> None:
+        rows = self.buffers[sender]
         if not rows:
             return
         batches: dict[str, list[dict]] = {}
@@ -149,80 +174,85 @@ def generate(lake: Lake, spec: TrafficSpec | None = None, *,
             batches.setdefault(posting["receiver_subject"], []).append(posting)
         tables = {p: pa.Table.from_pylist([{k: v for k, v in r.items() if k != "receiver_subject"} for r in rs],
                                           schema=m.POSTINGS) for p, rs in batches.items()}
-        gw = gateways[sender]
+        gw = self.producers[sender]
         result = gw.send_many(tables)
-        traffic.sends += 1
+        self.traffic.sends += 1
         offsets = {p: start for p, (start, _end) in result.ranges.items()}
         for posting, exp in rows:
             p = posting["receiver_subject"]
-            expected_rows.append(exp | {"posting_partition": p, "posting_offset": offsets[p]})
+            self.expected_rows.append(exp | {"posting_partition": p, "posting_offset": offsets[p]})
             offsets[p] += 1
-        if rng.random() < spec.p_resend:  # the acknowledgement was "lost": send again, same sequence
+        if self.rng.random() < self.spec.p_resend:  # the acknowledgement was "lost": send again, same sequence
             again = gw.send_many(tables, sequence=gw.next_sequence - 1)
             assert again.duplicate, "an idempotent resend must be a no-op"
-            traffic.resends += 1
-        buffers[sender] = []
+            self.traffic.resends += 1
+        self.buffers[sender] = []
 
-    while produced < spec.messages:
-        clock += timedelta(seconds=rng.expovariate(spec.rate))
-        if spec.realtime:
-            due = wall0 + (clock - spec.start).total_seconds()
-            time.sleep(max(0.0, due - time.monotonic()))
+
+class _Draw:
+    """The next posting and its expected outcome. The traffic is deterministic by seed: the
+    methods draw from ``rng`` in a fixed order, which is the order of the code below."""
+
+    def __init__(self, spec: TrafficSpec, rng: random.Random, accounts: pa.Table, counts: Counter) -> None:
+        self.spec, self.rng, self.counts = spec, rng, counts
+        self.by_participant: dict[str, list[str]] = {}
+        self.balances: dict[str, float] = {}
+        for a in accounts.to_pylist():
+            self.by_participant.setdefault(a["participant"], []).append(a["account"])
+            self.balances[a["account"]] = float(a["opening_balance"])
+        self.valid_sent: dict[str, list[dict]] = {n: [] for n in spec.participants}
+        self.seq_ids: Counter = Counter()
+
+    def posting(self, clock: datetime) -> tuple[str, dict, dict]:
+        """(sender, posting, expected outcome) of the posting sent at ``clock``."""
+        rng, spec = self.rng, self.spec
         sender = rng.choice(spec.participants)
         receiver = rng.choice([p for p in spec.participants if p != sender])
-        roll = rng.random()
+        kind = self._kind()
+        if kind == "duplicate":
+            if self.valid_sent[sender]:
+                return sender, *self._replay(sender, clock)
+            kind = "valid"
+        return sender, *self._instruction(kind, sender, receiver, clock)
+
+    def _kind(self) -> str:
+        """What this posting is: valid, or one of the cases, with the spec's probabilities."""
+        spec = self.spec
+        roll = self.rng.random()
         cuts = [("malformed", spec.p_malformed), ("unknown_account", spec.p_unknown_account),
                 ("insufficient_funds", spec.p_insufficient_funds), ("bad_currency", spec.p_bad_currency),
                 ("duplicate", spec.p_duplicate), ("late", spec.p_late),
                 ("contract_break", spec.p_contract_break)]
-        kind = "valid"
         for name, p in cuts:
             if roll < p:
-                kind = name
-                break
+                return name
             roll -= p
-        if kind == "duplicate":
-            if not valid_sent[sender]:
-                kind = "valid"
-            else:
-                original = rng.choice(valid_sent[sender])
-                posting = dict(original["posting"]) | {"replays": original["posting"]["replays"] + 1,
-                                                       "last_datum": clock}
-                exp = {"sender": sender, "message_id": posting["message_id"], "outcome": m.REJECTED,
-                       "reason": m.DUPLICATE_MESSAGE_ID, "value_date": original["value_date"],
-                       "late": False, "amount_eur": None}
-                buffers[sender].append((posting, exp))
-                traffic.counts[f"{m.REJECTED}:{m.DUPLICATE_MESSAGE_ID}"] += 1
-                produced += 1
-                if len(buffers[sender]) >= spec.batch:
-                    flush(sender)
-                if progress:
-                    progress(produced, spec.messages)
-                continue
-        seq_ids[sender] += 1
-        message_id = f"{sender}-{spec.seed:04d}-{seq_ids[sender]:07d}"
-        value_day = clock.date()
-        inception = clock
-        late = kind == "late" and value_day > spec.start.date()
-        if late:
-            value_day = value_day - timedelta(days=1)
-            inception = datetime.combine(value_day, datetime.min.time(), UTC) + timedelta(
-                hours=16, seconds=rng.uniform(0, 8 * 3600 - 1))
+        return "valid"
+
+    def _replay(self, sender: str, clock: datetime) -> tuple[dict, dict]:
+        """A sender replays one of its valid postings (same message id, replays + 1)."""
+        original = self.rng.choice(self.valid_sent[sender])
+        posting = dict(original["posting"]) | {"replays": original["posting"]["replays"] + 1,
+                                               "last_datum": clock}
+        exp = {"sender": sender, "message_id": posting["message_id"], "outcome": m.REJECTED,
+               "reason": m.DUPLICATE_MESSAGE_ID, "value_date": original["value_date"],
+               "late": False, "amount_eur": None}
+        self.counts[f"{m.REJECTED}:{m.DUPLICATE_MESSAGE_ID}"] += 1
+        return posting, exp
+
+    def _instruction(self, kind: str, sender: str, receiver: str, clock: datetime) -> tuple[dict, dict]:
+        """A new payment instruction of ``kind`` (valid or one of the cases but a duplicate)."""
+        rng, spec = self.rng, self.spec
+        self.seq_ids[sender] += 1
+        message_id: str | None = f"{sender}-{spec.seed:04d}-{self.seq_ids[sender]:07d}"
+        value_day, inception, late = self._dates(kind, clock)
         currency = rng.choices(list(CURRENCY_MIX), weights=list(CURRENCY_MIX.values()))[0]
         amount_eur = min(25_000.0, math.exp(rng.gauss(math.log(800), 1.0)))
-        debtor = creditor = None
-        for _ in range(20):  # a debtor with a safe margin (normal traffic is never short of funds)
-            debtor = rng.choice(by_participant[sender])
-            if balances[debtor] > 2 * amount_eur + 100_000:
-                break
-        creditor = rng.choice(by_participant[receiver])
+        debtor, creditor = self._parties(sender, receiver, amount_eur)
         outcome, reason = m.OK, None
         if kind == "unknown_account":
             outcome, reason = m.REJECTED, m.UNKNOWN_ACCOUNT
-            if rng.random() < 0.5:
-                creditor = f"{receiver}-{rng.randint(9000, 9999):04d}"
-            else:  # an account of another participant than the one addressed
-                creditor = rng.choice(by_participant[rng.choice([p for p in spec.participants if p != receiver])])
+            creditor = self._unknown_creditor(receiver)
         elif kind == "insufficient_funds":
             outcome, reason, currency = m.REJECTED, m.INSUFFICIENT_FUNDS, "EUR"
             amount_eur = rng.uniform(50_000_000, 90_000_000)
@@ -236,26 +266,9 @@ def generate(lake: Lake, spec: TrafficSpec | None = None, *,
                                    "currency": currency, "value_date": value_day.isoformat(),
                                    "reference": f"INV-{rng.randint(100000, 999999)}"}
         header_sender = sender
-        raw: str | None
         if kind == "malformed":
             outcome = "MALFORMED"
-            variant = rng.choice(MALFORMED_KINDS)
-            if variant == "missing_message_id":
-                message_id, reason = None, m.MISSING_MESSAGE_ID  # type: ignore[assignment]
-            elif variant == "not_json":
-                reason = m.PAYLOAD_NOT_JSON
-            elif variant == "missing_field":
-                gone = rng.choice(m.PAYLOAD_FIELDS)
-                del payload[gone]
-                reason = f"{m.MISSING_FIELD}:{gone}"
-            elif variant == "bad_amount":
-                payload["amount"] = rng.choice(["12,50", "-40.00", "1e3", "12.345", "ten euros", "0.00"])
-                reason = m.BAD_AMOUNT
-            elif variant == "bad_value_date":
-                payload["value_date"] = rng.choice(["2026-13-01", "21/11/2026", "tomorrow"])
-                reason = m.BAD_VALUE_DATE
-            else:
-                header_sender, reason = "bank-x", m.UNKNOWN_PARTICIPANT
+            message_id, reason, header_sender = self._malform(payload, message_id, sender)
         if kind == "contract_break":  # the gateway's clock is behind: last posting before the first
             outcome, reason = CONTRACT, CONTRACT_REASON
             inception = clock + timedelta(seconds=rng.uniform(60, 3600))
@@ -269,25 +282,62 @@ def generate(lake: Lake, spec: TrafficSpec | None = None, *,
         exp = {"sender": header_sender, "message_id": message_id, "outcome": outcome, "reason": reason,
                "value_date": value_day if outcome in (m.OK, m.REJECTED) else None, "late": late,
                "amount_eur": m.money(amount_eur) if outcome == m.OK and currency == "EUR" else None}
-        buffers[sender].append((posting, exp))
-        traffic.counts[outcome if reason is None or outcome == CONTRACT else f"{outcome}:{reason.split(':')[0]}"] += 1
-        traffic.counts["late"] += late
+        self.counts[outcome if reason is None or outcome == CONTRACT else f"{outcome}:{reason.split(':')[0]}"] += 1
+        self.counts["late"] += late
         if outcome == m.OK:
-            valid_sent[sender].append({"posting": posting, "value_date": value_day})
+            self.valid_sent[sender].append({"posting": posting, "value_date": value_day})
             settle = float(amount) * m.BASE_RATES[currency] * 1.01
-            balances[debtor] -= settle
-            balances[creditor] += settle / 1.02
-        produced += 1
-        if len(buffers[sender]) >= spec.batch:
-            flush(sender)
-        if progress:
-            progress(produced, spec.messages)
-    for sender in spec.participants:
-        flush(sender)
-    traffic.expected = pa.Table.from_pylist(expected_rows, schema=EXPECTED).sort_by(
-        [("posting_partition", "ascending"), ("posting_offset", "ascending")])
-    traffic.elapsed = time.monotonic() - started
-    return traffic
+            self.balances[debtor] -= settle
+            self.balances[creditor] += settle / 1.02
+        return posting, exp
+
+    def _dates(self, kind: str, clock: datetime) -> tuple[date, datetime, bool]:
+        """(value date, inception, late): a late posting is for the previous business day."""
+        value_day = clock.date()
+        inception = clock
+        late = kind == "late" and value_day > self.spec.start.date()
+        if late:
+            value_day = value_day - timedelta(days=1)
+            inception = datetime.combine(value_day, datetime.min.time(), UTC) + timedelta(
+                hours=16, seconds=self.rng.uniform(0, 8 * 3600 - 1))
+        return value_day, inception, late
+
+    def _parties(self, sender: str, receiver: str, amount_eur: float) -> tuple[str, str]:
+        """A debtor with a safe margin (normal traffic is never short of funds) and a creditor."""
+        debtor = ""
+        for _ in range(20):
+            debtor = self.rng.choice(self.by_participant[sender])
+            if self.balances[debtor] > 2 * amount_eur + 100_000:
+                break
+        return debtor, self.rng.choice(self.by_participant[receiver])
+
+    def _unknown_creditor(self, receiver: str) -> str:
+        rng = self.rng
+        if rng.random() < 0.5:
+            return f"{receiver}-{rng.randint(9000, 9999):04d}"
+        # an account of another participant than the one addressed
+        return rng.choice(self.by_participant[rng.choice([p for p in self.spec.participants if p != receiver])])
+
+    def _malform(self, payload: dict[str, Any], message_id: str | None,
+                 sender: str) -> tuple[str | None, str, str]:
+        """Break the posting one way (``payload`` in place): (message id, reason, header sender)."""
+        rng = self.rng
+        variant = rng.choice(MALFORMED_KINDS)
+        if variant == "missing_message_id":
+            return None, m.MISSING_MESSAGE_ID, sender
+        if variant == "not_json":
+            return message_id, m.PAYLOAD_NOT_JSON, sender
+        if variant == "missing_field":
+            gone = rng.choice(m.PAYLOAD_FIELDS)
+            del payload[gone]
+            return message_id, f"{m.MISSING_FIELD}:{gone}", sender
+        if variant == "bad_amount":
+            payload["amount"] = rng.choice(["12,50", "-40.00", "1e3", "12.345", "ten euros", "0.00"])
+            return message_id, m.BAD_AMOUNT, sender
+        if variant == "bad_value_date":
+            payload["value_date"] = rng.choice(["2026-13-01", "21/11/2026", "tomorrow"])
+            return message_id, m.BAD_VALUE_DATE, sender
+        return message_id, m.UNKNOWN_PARTICIPANT, "bank-x"
 
 
 def amounts_in(values: list[Decimal | None]) -> Decimal:
