@@ -17,6 +17,7 @@ from pydantic import Field, PrivateAttr
 
 from cues_platform.errors import ConfigurationError
 from cues_platform.processing.backing import BackingQueue
+from cues_platform.processing.phased import PhasedStep
 from cues_platform.queues import Lake
 from cues_platform.settings import current, secret
 from cues_platform.spark.session import SparkSettings, get_spark
@@ -112,8 +113,6 @@ class BackingQueueResource(ConfigurableResource):
         """A :class:`~cues_platform.processing.phased.PhasedStep` of ``processor`` (not started):
         its stepper keeps the processor's snapshots and attempts in its backing queue (exactly
         once) or its positions (the other strategies). Used by the step IO manager."""
-        from cues_platform.processing.phased import PhasedStep
-
         return PhasedStep.create(graph=graph, processor=processor, lake=self.lake.lake(), spark=spark,
                                  hook=hook)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from cues_platform.audit.exit import exit_with
+from cues_platform.jepsen.run import HarnessConfig, run_harness
 
 
 @click.command("jepsen")
@@ -44,8 +45,6 @@ def jepsen(seed: int | None, duration: float, keys: int, workdir: Path | None, l
     per processor) under SIGKILL/SIGTERM, killed
     feeders, lost acks, concurrent runners and racing maintenance; an independent checker reads the
     Delta tables. Exit 0 when every check passes, 1 otherwise."""
-    from cues_platform.jepsen.run import HarnessConfig, run_harness
-
     seed = random.randrange(1 << 31) if seed is None else seed
     workdir = workdir or Path(tempfile.mkdtemp(prefix=f"cues-jepsen-{seed}-"))
     config = HarnessConfig(seed=seed, workdir=workdir, duration=duration, keys=keys,

@@ -56,6 +56,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cues_platform.jepsen import workload as w
+from cues_platform.queues import Lake
+from cues_platform.queues.maintenance import compact, maintain, vacuum
 from cues_platform.settings import child_environment
 
 GRAPH_FILE = Path(__file__).resolve().parent / "user" / "jepsen_graph.py"
@@ -502,9 +504,6 @@ class Background:
                 t.join(timeout=300)
 
     def _maintain(self) -> None:
-        from cues_platform.queues import Lake
-        from cues_platform.queues.maintenance import compact, maintain, vacuum
-
         lake = Lake(root=str(self.lake_root))
         queues = [w.SRC_IDEM, w.SRC_TXN, w.MERGED, w.VALIDATED, w.LEFT, w.RIGHT, w.ENRICHED, w.ERRORS]
         while not self.stop.wait(self.rng.uniform(0.5, 4.0)):
@@ -531,8 +530,6 @@ class Background:
                 self.stats.maintenance_errors.append(f"{how} {name}: {type(exc).__name__}: {exc}"[:400])
 
     def _tail(self) -> None:
-        from cues_platform.queues import Lake
-
         lake = Lake(root=str(self.lake_root))
         tailers: dict = {}  # partition -> its Tailer (one name, a position per partition)
         expected = self.plan.partition_of

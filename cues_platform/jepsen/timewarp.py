@@ -56,6 +56,11 @@ from cues_platform import clock
 from cues_platform.jepsen import workload as w
 from cues_platform.jepsen.checker import footprint
 from cues_platform.jepsen.nemesis import GRAPH_FILE, Child, Nemesis, spawn
+from cues_platform.processing.loader import load_graph
+from cues_platform.processing.retention import maintain_queue
+from cues_platform.processing.runner import create_queues
+from cues_platform.queues import Lake
+from cues_platform.queues.retention import set_policy
 from cues_platform.settings import export
 
 DAY_S = 86_400
@@ -93,11 +98,6 @@ def rate_of(year_seconds: float) -> float:
 
 def setup_time(lake_root: Path) -> None:
     """The monthly graph's queues, ``ephemeral``, and the retention policies."""
-    from cues_platform.processing.loader import load_graph
-    from cues_platform.processing.runner import create_queues
-    from cues_platform.queues import Lake
-    from cues_platform.queues.retention import set_policy
-
     lake = Lake(root=str(lake_root))
     create_queues(load_graph(MONTHLY_REF), lake)
     lake.create_queue(w.EPHEMERAL, schema=w.PAYLOAD, partitions=(w.PROGRESS_PARTITION,), exist_ok=True)
@@ -157,8 +157,6 @@ class TimeNemesis:
         return self._count("idle")
 
     def _ends(self, name: str) -> dict[str, int]:
-        from cues_platform.queues import Lake
-
         q = Lake(root=str(self.lake_root)).queue(name)
         return {p: q.next_offset(p) for p in w.PARTITIONS}
 
@@ -332,8 +330,6 @@ class TimeNemesis:
             self.violations.append(f"dead producer {index} never opened its transaction: {child.tail(800)}")
 
     def _ephemeral(self) -> None:
-        from cues_platform.queues import Lake
-
         q = Lake(root=str(self.lake_root)).queue(w.EPHEMERAL)
         n = 0  # producer n appends at day n + 1 of the year (scheduled on the year's start, so slow sends do not drift)
         while not self.year_over.is_set() and not self.stop.wait(max(0.0, self.t0 + self.days(n + 1) - time.monotonic())):
@@ -344,8 +340,6 @@ class TimeNemesis:
             self.counts["ephemeral_producers"] = n
 
     def _tailers(self, queue_name: str, name: str, *, expendable: bool) -> dict:
-        from cues_platform.queues import Lake
-
         q = Lake(root=str(self.lake_root)).queue(queue_name)
         return {p: q.tailer(name, partition=p, expendable=expendable) for p in w.PARTITIONS}
 
@@ -394,8 +388,6 @@ class TimeNemesis:
     def _watch(self) -> None:
         """Read src_t partition "0" read_committed every 50 ms; record when the reader stood at a
         dead transaction's first offset (stalled) and when it first passed it."""
-        from cues_platform.queues import Lake
-
         q = Lake(root=str(self.lake_root)).queue(w.SRC_TXN)
         t = q.tailer("dead-watch", partition=w.DEAD_PARTITION)
         dead: dict[int, dict] = {}
@@ -426,9 +418,6 @@ class TimeNemesis:
 
     def _maintain(self) -> None:
         """Maintenance at default settings, round robin over every retained queue."""
-        from cues_platform.processing.retention import maintain_queue
-        from cues_platform.queues import Lake
-
         lake = Lake(root=str(self.lake_root))
         order = list(MAINTAINED_QUEUES)
         i = 0

@@ -23,9 +23,23 @@ from click.core import ParameterSource
 
 from cues_platform.errors import CuesError
 from cues_platform.oneline import EXIT_BAD_INPUT, EXIT_BUG, bug_hint, exception_line, fail
+from cues_platform.participants.checks import check_consumer, check_producer
 from cues_platform.participants.config import CONFIG_ENV, field_types, to_env
+from cues_platform.participants.db import (
+    Database,
+    connect_existing,
+    participant_dsn,
+    schema_version,
+)
+from cues_platform.participants.errors import MissingDatabaseError, UnknownParticipantError
+from cues_platform.participants.history import history as build
+from cues_platform.participants.history import render
 from cues_platform.participants.model import Role, Settings
+from cues_platform.participants.network import register as reg
+from cues_platform.participants.network import registered_roles, require, validate_participant
+from cues_platform.participants.producer import Posting, post_many
 from cues_platform.participants.supervise import Supervisor
+from cues_platform.queues import Lake
 from cues_platform.settings import DEFAULTS, child_environment, current
 from cues_platform.signals import StopSignals
 
@@ -103,14 +117,10 @@ def _settings(config: str | None, options: dict[str, Any]) -> Settings:
 
 
 def _dsn(participant: str, dsn: str | None, data_dir: str) -> str:
-    from cues_platform.participants.db import participant_dsn
-
     return participant_dsn(participant, dsn=dsn or current().postgres_dsn or None, data_dir=data_dir)
 
 
 def _existing(participant: str, dsn: str | None, data_dir: str) -> psycopg.Connection:
-    from cues_platform.participants.db import connect_existing
-
     return connect_existing(participant, dsn=dsn or current().postgres_dsn or None, data_dir=data_dir)
 
 
@@ -125,9 +135,6 @@ def participant() -> None:
 @click.option("--consumer", "consumers", multiple=True, help="Register a consumer (receiver).")
 def register(lake_root: str, producers: tuple[str, ...], consumers: tuple[str, ...]) -> None:
     """Declare participants: POSTINGS/RESULTS subjects for them (idempotent)."""
-    from cues_platform.participants.network import register as reg
-    from cues_platform.queues import Lake
-
     reg(Lake(root=lake_root), producers=producers, consumers=consumers)
     click.echo(f"registered producers={list(producers)} consumers={list(consumers)}")
 
@@ -138,8 +145,6 @@ def register(lake_root: str, producers: tuple[str, ...], consumers: tuple[str, .
 @data_dir_option
 def migrate(participant: str, dsn: str | None, data_dir: str) -> None:
     """Apply the missing schema migrations to the participant's database."""
-    from cues_platform.participants.db import Database
-
     applied = Database(_dsn(participant, dsn, data_dir)).migrate()
     click.echo(f"applied migrations {applied}" if applied else "schema is up to date")
 
@@ -161,11 +166,6 @@ def post(participant: str, lake_root: str, dsn: str | None, data_dir: str, recei
          config: str | None, **options: Any) -> None:
     """Record postings (nacked_posting, PENDING): the running instances publish them."""
     import uuid
-
-    from cues_platform.participants.db import Database
-    from cues_platform.participants.network import validate_participant
-    from cues_platform.participants.producer import Posting, post_many
-    from cues_platform.queues import Lake
 
     validate_participant(receiver)  # before the sender's database is created or touched
     settings = _settings(config, options)
@@ -205,9 +205,6 @@ def run(participant: str, role: str, instances: int, slots: int | None, lake_roo
     Each instance's stderr is forwarded prefixed with ``[instance NAME]``; a failed instance is
     reported in one line with its exit code and last error line. Exit 0 when every instance ended
     cleanly, 4 when one failed and was not restarted (or still failed when stopped)."""
-    from cues_platform.participants.network import require, validate_participant
-    from cues_platform.queues import Lake
-
     validate_participant(participant)
     settings = _settings(config, options)
     require(Lake(root=lake_root), participant, role)
@@ -234,10 +231,6 @@ def run(participant: str, role: str, instances: int, slots: int | None, lake_roo
 
 
 def _roles(lake_root: str, participant: str, role: str | None) -> list[Role]:
-    from cues_platform.participants.errors import UnknownParticipantError
-    from cues_platform.participants.network import registered_roles
-    from cues_platform.queues import Lake
-
     if role is not None:
         return [Role(role)]
     roles = registered_roles(Lake(root=lake_root), participant)
@@ -261,10 +254,6 @@ def _roles(lake_root: str, participant: str, role: str | None) -> list[Role]:
 def check(participant: str, lake_root: str, dsn: str | None, data_dir: str, role: str | None,
           complete: bool, as_json: bool) -> None:
     """Consistency issues (exit 1 if any) and, with --complete, completeness. Read only."""
-    from cues_platform.participants.checks import check_consumer, check_producer
-    from cues_platform.participants.network import validate_participant
-    from cues_platform.queues import Lake
-
     validate_participant(participant)
     roles = _roles(lake_root, participant, role)
     with _existing(participant, dsn, data_dir) as conn:
@@ -297,8 +286,6 @@ def check(participant: str, lake_root: str, dsn: str | None, data_dir: str, role
 @click.option("--json", "as_json", is_flag=True)
 def status(participant: str, dsn: str | None, data_dir: str, as_json: bool) -> None:
     """Counts by status of the participant's database (read only; creates nothing)."""
-    from cues_platform.participants.db import schema_version
-
     with _existing(participant, dsn, data_dir) as conn:
         out = {"participant": participant, "schema_version": schema_version(conn),
                "messages": {f"{a}/{p}": int(n) for a, p, n in conn.execute(
@@ -332,12 +319,6 @@ def history(participant: str, message_id: str, lake_root: str | None, dsn: str |
     """A posting's whole life across the sender's (--id) and the receiver's databases: statuses,
     replays, retries, publications, audit rows, consistency issues, the receiver's row. Read only."""
     from contextlib import ExitStack
-
-    from cues_platform.participants.errors import MissingDatabaseError
-    from cues_platform.participants.history import history as build
-    from cues_platform.participants.history import render
-    from cues_platform.participants.network import validate_participant
-    from cues_platform.queues import Lake
 
     validate_participant(participant)
     if receiver is not None:

@@ -16,8 +16,10 @@ import os
 import socket
 import sys
 
+from cues_platform.participants.consumer import ConsumerInstance
 from cues_platform.participants.db import participant_dsn
 from cues_platform.participants.model import Role, Settings
+from cues_platform.participants.producer import ProducerInstance
 from cues_platform.queues import Lake
 from cues_platform.settings import current
 from cues_platform.signals import StopSignals
@@ -30,11 +32,8 @@ def build(args: argparse.Namespace):  # noqa: ANN201
     instance = args.instance or f"{socket.gethostname()}:{os.getpid()}"
     settings = Settings.from_env()
     if Role(args.role) is Role.PRODUCER:
-        from cues_platform.participants.producer import ProducerInstance
-
         return ProducerInstance(participant=args.id, lake=lake, dsn=dsn, instance_id=instance,
                                 slots=args.slots, settings=settings)
-    from cues_platform.participants.consumer import ConsumerInstance
 
     return ConsumerInstance(participant=args.id, lake=lake, dsn=dsn, instance_id=instance,
                             settings=settings)
