@@ -189,20 +189,89 @@ def group_edges(graph_edges: Iterable[Edge]) -> set[tuple[str, str]]:
             if group_of(e.source) != group_of(e.target)}
 
 
-def mermaid(graph_edges: Iterable[Edge]) -> str:
-    """The package-level import graph as a Mermaid flowchart (arrows point at what is imported)."""
+def room_graph(graph_edges: Iterable[Edge], package: str | None = None) -> dict[str, set[str]]:
+    """Who imports whom: packages of the root (``package=None``), or the modules inside
+    ``package`` (e.g. ``"queues"``), named without the common prefix."""
+    rooms: dict[str, set[str]] = {}
+    prefix = f"{ROOT_PACKAGE}.{package}." if package else ""
+
+    def room(module: str) -> str | None:
+        if package is None:
+            return group_of(module)
+        if module == prefix[:-1]:
+            return "__init__"
+        return module.removeprefix(prefix) if module.startswith(prefix) else None
+
+    for e in graph_edges:
+        a, b = room(e.source), room(e.target)
+        if a is None or b is None:
+            continue
+        rooms.setdefault(a, set())
+        rooms.setdefault(b, set())
+        if a != b:
+            rooms[a].add(b)
+    return rooms
+
+
+def floors(rooms: dict[str, set[str]]) -> dict[str, int]:
+    """Each room's floor: 0 for a room importing no other, else one above its highest import.
+    The graph must have no circle (:func:`circles`)."""
+    out: dict[str, int] = {}
+
+    def floor(room: str) -> int:
+        if room not in out:
+            out[room] = 1 + max((floor(r) for r in rooms[room]), default=-1)
+        return out[room]
+
+    for room in rooms:
+        floor(room)
+    return out
+
+
+def reduced(rooms: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The transitive reduction: an arrow a -> b is left out when a reaches b another way."""
+
+    def reach_without(a: str, b: str) -> bool:
+        """Whether ``a`` reaches ``b`` without taking the arrow a -> b."""
+        seen: set[str] = set()
+        todo = [r for r in rooms[a] if r != b]
+        while todo:
+            room = todo.pop()
+            if room == b:
+                return True
+            if room not in seen:
+                seen.add(room)
+                todo.extend(rooms[room])
+        return False
+
+    return {a: {b for b in targets if not reach_without(a, b)} for a, targets in rooms.items()}
+
+
+def mermaid(graph_edges: Iterable[Edge], package: str | None = None) -> str:
+    """The import graph as a Mermaid flowchart, one row per floor (top imports bottom), arrows
+    pointing at what is imported; arrows implied by others are left out (:func:`reduced`)."""
+    rooms = room_graph(graph_edges, package)
+    levels = floors(rooms)
+    ident = {r: "n_" + r.replace(".", "_") for r in rooms}
     lines = ["flowchart TD"]
-    lines += [f"    {a} --> {b}" for a, b in sorted(group_edges(graph_edges))]
+    for level in sorted(set(levels.values()), reverse=True):
+        members = sorted(r for r in rooms if levels[r] == level)
+        lines.append(f'    subgraph f{level}["floor {level}"]')
+        lines += [f'        {ident[r]}["{r}"]' for r in members]
+        lines.append("    end")
+    for a, targets in sorted(reduced(rooms).items()):
+        lines += [f"    {ident[a]} --> {ident[b]}" for b in sorted(targets)]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mermaid", action="store_true", help="print the package-level picture")
+    parser.add_argument("--package", help="with --mermaid: the modules inside this package")
     args = parser.parse_args(argv)
     found = edges()
     if args.mermaid:
-        print(mermaid(found), end="")
+        print(mermaid(found, args.package), end="")
         return 0
     for circle in circles(found):
         print("circle:", " ".join(circle))

@@ -42,7 +42,12 @@ def app_transactions_page() -> str:
 
 
 def graph_block() -> str:
-    return f"{GRAPH_BEGIN}\n```mermaid\n{mermaid(edges())}```\n{GRAPH_END}"
+    """The packages of cues_platform, then the modules of queues/, each as a Mermaid picture."""
+    found = edges()
+    return (f"{GRAPH_BEGIN}\nThe packages of `cues_platform` (an arrow points at what is imported; "
+            "arrows implied by others are left out):\n\n"
+            f"```mermaid\n{mermaid(found)}```\n\nThe modules of `cues_platform/queues/`:\n\n"
+            f"```mermaid\n{mermaid(found, 'queues')}```\n{GRAPH_END}")
 
 
 def with_graph(text: str) -> str:
