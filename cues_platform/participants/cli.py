@@ -54,7 +54,7 @@ def _lake_from_settings(ctx: click.Context, param: click.Parameter, value: str) 
 
 class _Group(click.Group):
     """Every failure is one line on stderr: a CuesError exits 2, anything else 3 (a bug; the
-    traceback only with ``CUES_DEBUG=1``), as ``cues`` does (``cues_platform/cli.py``)."""
+    traceback only with ``CUES_DEBUG=1``), as ``cues`` does (``cues_platform/cli/common.py``)."""
 
     def invoke(self, ctx: click.Context) -> object:
         try:
