@@ -45,7 +45,7 @@ from common import machine_info, now_iso, percentile, write_json  # noqa: E402
 
 from cues_platform.participants.db import Database, ensure_database  # noqa: E402
 from cues_platform.participants.network import register  # noqa: E402
-from cues_platform.participants.producer import Posting, post_many  # noqa: E402
+from cues_platform.participants.postings import Posting, post_many  # noqa: E402
 from cues_platform.pgserver_db import embedded_postgres, stop_embedded_postgres  # noqa: E402
 from cues_platform.queues import Lake  # noqa: E402
 

@@ -54,7 +54,7 @@ from pathlib import Path
 
 from cues_platform import clock
 from cues_platform.jepsen import workload as w
-from cues_platform.jepsen.checker import footprint
+from cues_platform.jepsen.lakeread import footprint
 from cues_platform.jepsen.nemesis import GRAPH_FILE, Child, Nemesis, spawn
 from cues_platform.processing.loader import load_graph
 from cues_platform.processing.retention import maintain_queue

@@ -37,7 +37,7 @@ from cues_platform.participants.history import render
 from cues_platform.participants.model import Role, Settings
 from cues_platform.participants.network import register as reg
 from cues_platform.participants.network import registered_roles, require, validate_participant
-from cues_platform.participants.producer import Posting, post_many
+from cues_platform.participants.postings import Posting, post_many
 from cues_platform.participants.supervise import Supervisor
 from cues_platform.queues import Lake
 from cues_platform.settings import DEFAULTS, child_environment, current

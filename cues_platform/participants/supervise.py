@@ -19,7 +19,7 @@ Contract of :meth:`Supervisor.run`:
 
 :func:`one_line_errors` is what an instance process's ``__main__`` runs: an exception becomes one
 line on stderr (the traceback too only with ``CUES_DEBUG=1``) and exit code 2 (a ``CuesError``:
-bad input or state) or 3 (anything else: a bug), as ``cues`` itself does (``cues_platform/cli.py``).
+bad input or state) or 3 (anything else: a bug), as ``cues`` itself does (``cues_platform/cli/common.py``).
 """
 
 from __future__ import annotations
