@@ -50,8 +50,8 @@ from cues_platform.audit.trust import rows_without_input, staged_file_checks
 from cues_platform.processing.backing import Record
 from cues_platform.processing.graph import Graph, Strategy
 from cues_platform.processing.history import BadCommit, commit_records, merge
-from cues_platform.processing.outputs import proc_app_id
 from cues_platform.queues import Lake, Queue
+from cues_platform.queues.layout import PROCESSOR_STEP
 from cues_platform.queues.names import join_uri
 from cues_platform.queues.retention import start_offsets
 
@@ -259,7 +259,7 @@ def _queues_with_step_commits(queues: Mapping[str, Queue], backings: Mapping[str
     for name, q in sorted(queues.items()):
         try:
             dt = q.refresh()
-            if any(dt.transaction_version(proc_app_id(pid)) is not None for pid in backings):
+            if any(dt.transaction_version(PROCESSOR_STEP.id(pid)) is not None for pid in backings):
                 out.add(name)
         except STORAGE_ERRORS as exc:
             found.unreadable(exc, table=name, uri=q.uri)

@@ -11,9 +11,9 @@ from cues_platform.audit.errors import NoSuchProcessorError
 from cues_platform.audit.storage import STORAGE_ERRORS, open_checked, unreadable_error
 from cues_platform.processing.backing import Record, RecordType
 from cues_platform.processing.history import commit_records, merge
-from cues_platform.processing.outputs import proc_app_id
 from cues_platform.queues import Lake
 from cues_platform.queues.errors import QueueError
+from cues_platform.queues.layout import PROCESSOR_STEP
 
 
 def describe_backing(lake: Lake, processor: str, *, last: int | None = 20) -> list[str]:
@@ -62,7 +62,7 @@ def _describe_one(lake: Lake, processor: str, *, last: int | None) -> list[str]:
         if queue not in versions:
             try:
                 versions[queue] = (
-                    lake.queue(queue).refresh().transaction_version(proc_app_id(processor))
+                    lake.queue(queue).refresh().transaction_version(PROCESSOR_STEP.id(processor))
                 )
             except QueueError:
                 versions[queue] = None

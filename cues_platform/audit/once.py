@@ -22,7 +22,7 @@ from cues_platform.audit.retained import Retained
 from cues_platform.audit.rows import QueueRows
 from cues_platform.audit.sequence import Steps
 from cues_platform.processing.backing import Record
-from cues_platform.processing.outputs import proc_app_id
+from cues_platform.queues.layout import PROCESSOR_STEP
 
 
 def count_checks(rows: Mapping[str, QueueRows], known: Mapping[str, Known],
@@ -136,7 +136,6 @@ def delivered_steps(
     return got, pending, bad
 
 
-
 def transaction_checks(
     rows: Mapping[str, QueueRows], known: Mapping[str, Known], late: Mapping[str, Known]
 ) -> list[Violation]:
@@ -158,13 +157,13 @@ def transaction_checks(
                 bad.append(Violation(
                     APP_TRANSACTION,
                     f"{name} holds rows of step {highest} of {pid!r} but its app transaction "
-                    f"{proc_app_id(pid)} is {version}: a roll-forward would commit that step again",
+                    f"{PROCESSOR_STEP.id(pid)} is {version}: a roll-forward would commit that step again",
                     processor=pid, queue=name, step=highest,
                 ))  # fmt: skip
             elif version is not None and version > named.get(pid, -1):
                 bad.append(Violation(
                     APP_TRANSACTION,
-                    f"{name}'s app transaction {proc_app_id(pid)} is {version}, but {pid!r} has "
+                    f"{name}'s app transaction {PROCESSOR_STEP.id(pid)} is {version}, but {pid!r} has "
                     f"no attempt of step {version} or later",
                     processor=pid, queue=name, step=int(version),
                 ))  # fmt: skip

@@ -49,9 +49,8 @@ from dataclasses import dataclass
 
 from cues_platform.audit.report import GAP, OVERLAP, POSITION, Violation
 from cues_platform.processing.backing import Range, Record
-from cues_platform.processing.home import epoch_app_id, pos_app_id
 from cues_platform.processing.lanes import family_of
-from cues_platform.processing.outputs import proc_app_id
+from cues_platform.queues.layout import LANE_POSITION, PROCESSOR_EPOCH, PROCESSOR_STEP
 
 Key = tuple[str, str]  # (queue, partition)
 
@@ -281,7 +280,7 @@ def _stored(pid: str, lanes: list[str], chains: Mapping[str, Mapping[Key, Chain]
                    + (f" and its family's reads end at {sorted(ends)}" if ends else ""))
         bad.append(Violation(
             POSITION,
-            f"{pid!r}'s stored position on {queue}/{part} ({pos_app_id(pid, queue, part)}) is "
+            f"{pid!r}'s stored position on {queue}/{part} ({LANE_POSITION.id(pid, queue, part)}) is "
             f"{value}, but {why}: its next step would skip or repeat offsets (a position moved or "
             "carried from another partition)",
             processor=pid, queue=queue, partition=part,
@@ -304,12 +303,12 @@ def stored_positions(delivered: Mapping[str, list[Record]], queues: Mapping[str,
     tables = {name: q.refresh() for name, q in sorted(queues.items())}  # type: ignore[attr-defined]
     for pid in sorted(processors):
         homes = [dt for dt in tables.values()
-                 if dt.transaction_version(epoch_app_id(pid)) is not None
-                 or dt.transaction_version(proc_app_id(pid)) is not None]
+                 if dt.transaction_version(PROCESSOR_EPOCH.id(pid)) is not None
+                 or dt.transaction_version(PROCESSOR_STEP.id(pid)) is not None]
         for queue, part in sorted(keys_of_family.get(family_of(pid), ())):
             for dt in homes:
-                value = dt.transaction_version(pos_app_id(pid, queue, part))
+                value = dt.transaction_version(LANE_POSITION.id(pid, queue, part))
                 if value is not None:
-                    step = dt.transaction_version(proc_app_id(pid))
+                    step = dt.transaction_version(PROCESSOR_STEP.id(pid))
                     out[(pid, queue, part)] = (int(value), None if step is None else int(step))
     return out

@@ -12,8 +12,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cues_platform.processing.outputs import proc_app_id
 from cues_platform.queues import Queue
+from cues_platform.queues.layout import PROCESSOR_STEP
 from cues_platform.queues.retention import start_offsets
 from cues_platform.queues.schema import DELIVERY_HASH, MESSAGE_TYPE, OFFSET, PARTITION
 
@@ -111,7 +111,7 @@ def read_queue_rows(name: str, queue: Queue | None, processors: Iterable[str]) -
     if with_processor:
         columns += [MESSAGE_TYPE, "processor"]
     table = dt.to_pyarrow_dataset().to_table(columns=columns)
-    versions = {p: dt.transaction_version(proc_app_id(p)) for p in processors}
+    versions = {p: dt.transaction_version(PROCESSOR_STEP.id(p)) for p in processors}
     return QueueRows(
         name, True, hash_runs(table, with_processor), versions, unhashed=unhashed_runs(table),
         starts=start_offsets(queue, snapshot=dt),  # the same snapshot as the rows

@@ -68,6 +68,8 @@ from cues_platform.jepsen import workload as w
 from cues_platform.jepsen.lakeread import footprint, key_queue, open_table, read_table, start_offset
 from cues_platform.jepsen.timecheck import check_time
 from cues_platform.jepsen.verdict import CheckReport, CheckResult, Expectation, format_checks
+from cues_platform.queues.layout import PARTITION as PARTITION_ID
+from cues_platform.queues.layout import TXN_MARKER
 
 COMMITTED, ABORTED = 1, 2
 __all__ = ["CheckReport", "CheckResult", "Expectation", "check_lake", "footprint", "format_checks",
@@ -104,7 +106,7 @@ def visible_keys(root: Path, queue: str, decided: dict[str, int],
     table = read_table(path, ["key", "_txn_id", "_partition", "_offset"])
     txns = table["_txn_id"].to_pylist() if "_txn_id" in table.column_names else [None] * table.num_rows
     for txn in sorted({t for t in txns if t is not None}):
-        marker = dt.transaction_version(f"txn:{txn}")
+        marker = dt.transaction_version(TXN_MARKER.id(txn))
         if marker is not None and int(marker) in (COMMITTED, ABORTED) and int(marker) != decided.get(txn):
             result.fail(f"queue {queue}: marker of transaction {txn} says {int(marker)} but the "
                         f"coordinator says {decided.get(txn, 'undecided')}")
@@ -133,13 +135,13 @@ def check_dense_offsets(root: Path, expectation: Expectation) -> CheckResult:
         by_part: dict[str, list[int]] = {}
         for part, off in zip(table["_partition"].to_pylist(), table["_offset"].to_pylist(), strict=True):
             by_part.setdefault(part, []).append(off)
-        parts = set(by_part) | {p for p in w.PARTITIONS if dt.transaction_version(f"part:{p}") is not None}
+        parts = set(by_part) | {p for p in w.PARTITIONS if dt.transaction_version(PARTITION_ID.id(p)) is not None}
         for part in sorted(parts):
             offsets = by_part.get(part, [])
             result.checked += 1
             where = f"{path.parent.name}/{path.name} partition {part!r}"
             first = start_offset(dt, part)
-            declared = dt.transaction_version(f"part:{part}")
+            declared = dt.transaction_version(PARTITION_ID.id(part))
             counts = Counter(offsets)
             end = first + len(counts)
             dups = sorted(o for o, c in counts.items() if c > 1)

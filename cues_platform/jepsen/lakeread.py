@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from cues_platform.jepsen import workload as w
+from cues_platform.queues.layout import START
 
 
 def is_table(path: Path) -> bool:
@@ -43,7 +44,7 @@ def read_table(path: Path, columns: list[str] | None = None) -> pa.Table | None:
 def start_offset(dt: DeltaTable, partition: str) -> int:
     """The partition's start offset: the app transaction ``start:{partition}`` (0 when absent);
     rows below it were removed by retention on purpose."""
-    v = dt.transaction_version(f"start:{partition}")
+    v = dt.transaction_version(START.id(partition))
     return 0 if v is None else int(v)
 
 

@@ -41,6 +41,8 @@ from deltalake import DeltaTable
 from cues_platform.jepsen import workload as w
 from cues_platform.jepsen.lakeread import read_table, start_offset
 from cues_platform.jepsen.verdict import CheckResult, Expectation
+from cues_platform.queues.layout import DEADLINE, START
+from cues_platform.queues.layout import PARTITION as PARTITION_ID
 
 FACTOR = 1.5
 LIVE_ALLOWANCE = 256 * 1024  # bytes: a partition's files not yet compacted, row-group overhead
@@ -68,7 +70,7 @@ def _records(expectation: Expectation, event: str) -> list[dict]:
 
 def _start(root: Path, queue: str, part: str) -> int:
     dt = DeltaTable(str(root / "queues" / queue))
-    v = dt.transaction_version(f"start:{part}")
+    v = dt.transaction_version(START.id(part))
     return 0 if v is None else int(v)
 
 
@@ -105,7 +107,7 @@ def check_retention(root: Path, expectation: Expectation, delivered: set[str]) -
     out_dt, in_dt = DeltaTable(str(root / "queues" / w.MONTHLY_OUT)), DeltaTable(str(root / "queues" / w.ENRICHED))
     for part in w.PARTITIONS:
         result.checked += 1
-        n_out, n_in = out_dt.transaction_version(f"part:{part}"), in_dt.transaction_version(f"part:{part}")
+        n_out, n_in = out_dt.transaction_version(PARTITION_ID.id(part)), in_dt.transaction_version(PARTITION_ID.id(part))
         if start_offset(out_dt, part) or (n_out or 0) != (n_in or 0):
             result.fail(f"{w.MONTHLY_OUT}/{part}: start {start_offset(out_dt, part)}, {n_out} rows; "
                         f"{w.ENRICHED}/{part} held {n_in} (start {start_offset(in_dt, part)})")
@@ -122,7 +124,7 @@ def check_retention(root: Path, expectation: Expectation, delivered: set[str]) -
         dt = DeltaTable(str(root / "queues" / w.MERGED))
         for part, pos in lagging["position"].items():
             result.checked += 1
-            end = dt.transaction_version(f"part:{part}")
+            end = dt.transaction_version(PARTITION_ID.id(part))
             if end is not None and int(end) != pos:
                 result.fail(f"the lagging tailer ended at {w.MERGED}/{part} {pos}, not at its end {int(end)}")
     expendable = next(iter(_records(expectation, "expendable")), None)
@@ -341,7 +343,7 @@ def check_dead(root: Path, expectation: Expectation, counts: dict) -> CheckResul
         if "aborted" not in actions.get(txn, set()) or "committed" in actions.get(txn, set()):
             result.fail(f"dead transaction {txn}: decisions {sorted(actions.get(txn, set()))}, "
                         "expected one 'aborted' (its timeout)")
-        deadline = dt.transaction_version(f"dl:{txn}")
+        deadline = dt.transaction_version(DEADLINE.id(txn))
         seen = watch.get(str(d["index"]))
         if deadline is None or seen is None:
             result.fail(f"dead transaction {txn}: deadline {deadline}, watched {seen is not None}")

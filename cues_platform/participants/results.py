@@ -48,10 +48,10 @@ from cues_platform.participants.slots import ProducerSide
 from cues_platform.participants.trail import audit_many, record_issue
 from cues_platform.queues import Queue
 from cues_platform.queues.integrity import RANGES_KEY, TableStorage, _parse_ranges, commit_path
+from cues_platform.queues.layout import PROCESSOR_STEP
 
 log = logging.getLogger(__name__)
 CONSUMER_PROCESSOR = "consume-"  # the consumer's processor id is consume-{participant}
-PROC_TXN = "proc:"
 WRONG_PUBLISHER = "wrong_publisher"
 
 
@@ -107,7 +107,7 @@ class Publishers:
         publisher, why = None, "not written by a consumer's processor"
         if isinstance(processor, str) and processor.startswith(CONSUMER_PROCESSOR):
             step = info.get("cues.step")
-            txn = txns.get(f"{PROC_TXN}{processor}")
+            txn = txns.get(PROCESSOR_STEP.id(processor))
             last = self.last_step.get(processor)
             if step is None or txn is None or str(txn) != str(step):
                 why = f"commit metadata step {step} disagrees with app transaction {txn}"

@@ -31,9 +31,8 @@ from deltalake.exceptions import CommitFailedError
 from cues_platform.processing.errors import ProcessorFencedError
 from cues_platform.queues import Lake, Queue, maintenance
 from cues_platform.queues.appender import append_batches
-from cues_platform.queues.layout import COMMIT_HOOKS
+from cues_platform.queues.layout import BACKING_EPOCH, COMMIT_HOOKS
 
-EPOCH_APP_ID = "epoch"
 BACKING_RETENTION = "interval 1 hours"
 BACKING_ROW_GROUP_ROWS = 1_024  # recovery decodes one group to read the last record
 BACKING_PROPERTIES = {"delta.logRetentionDuration": BACKING_RETENTION,
@@ -167,7 +166,7 @@ class BackingQueue:
             description=f"backing queue of processor {processor_id}")
 
     def epoch(self, dt: DeltaTable | None = None) -> int:
-        version = (dt or self.queue.refresh()).transaction_version(EPOCH_APP_ID)
+        version = (dt or self.queue.refresh()).transaction_version(BACKING_EPOCH.id())
         return -1 if version is None else int(version)
 
     def fence(self, *, minimum: int = 0) -> int:
@@ -178,7 +177,7 @@ class BackingQueue:
                     new = max(self.epoch(dt) + 1, minimum)
                     write_deltalake(dt, self.queue.table_schema.empty_table(), mode="append",
                                     commit_properties=CommitProperties(
-                                        app_transactions=[Transaction(EPOCH_APP_ID, new)],
+                                        app_transactions=[Transaction(BACKING_EPOCH.id(), new)],
                                         custom_metadata={"cues.epoch": str(new)}),
                                     post_commithook_properties=COMMIT_HOOKS)
                 return new
@@ -197,7 +196,7 @@ class BackingQueue:
                     processor=self.processor_id, epoch=record.epoch, newest=current, step=record.step)
 
         result = append_batches(self.queue, {"0": _row(record)}, guards=[guard],
-                                app_transactions=[(EPOCH_APP_ID, record.epoch)],
+                                app_transactions=[(BACKING_EPOCH.id(), record.epoch)],
                                 message_type=record.type.value, delivery_hash=record.hash,
                                 commit_metadata={"cues.step": str(record.step)})
         return Record(record.type, record.snapshot, record.epoch, record.outputs, record.error,

@@ -70,13 +70,13 @@ from cues_platform.processing.errors import (
 )
 from cues_platform.processing.graph import Graph
 from cues_platform.processing.history import processor_history
-from cues_platform.processing.home import home_of, legacy_pos_app_id, pos_app_id
+from cues_platform.processing.home import home_of
 from cues_platform.processing.lanes import family_of
 from cues_platform.processing.model import Processor, Strategy
-from cues_platform.processing.outputs import proc_app_id
 from cues_platform.processing.sources import is_source_like
 from cues_platform.processing.strategies import STEPS_KEY
 from cues_platform.queues import Lake
+from cues_platform.queues.layout import LANE_POSITION, LEGACY_LANE_POSITION, PROCESSOR_STEP
 from cues_platform.queues.names import validate_processor_id
 from cues_platform.queues.positions import PositionStore, open_system_table
 
@@ -206,9 +206,9 @@ def progress(lake: Lake, shape: Shape, pair: Pair) -> int:
         return derived.ends.get(pair, 0) if derived else 0
     home = lake.queue(shape.home)
     dt = home.refresh()
-    stored = home.txn_version(pos_app_id(shape.processor, *pair), snapshot=dt)
+    stored = home.txn_version(LANE_POSITION.id(shape.processor, *pair), snapshot=dt)
     if stored is None and (binding := shape.binding_of(pair)) is not None:
-        stored = home.txn_version(legacy_pos_app_id(shape.processor, binding), snapshot=dt)
+        stored = home.txn_version(LEGACY_LANE_POSITION.id(shape.processor, binding), snapshot=dt)
     return int(stored or 0)
 
 
@@ -219,7 +219,7 @@ def _delivered(lake: Lake, shape: Shape) -> bool:
     if shape.ends:
         return True
     if shape.home is not None and lake.has_queue(shape.home):
-        return lake.queue(shape.home).txn_version(proc_app_id(shape.processor)) is not None
+        return lake.queue(shape.home).txn_version(PROCESSOR_STEP.id(shape.processor)) is not None
     return derived_shape(lake, shape.processor) is not None
 
 

@@ -38,32 +38,21 @@ from deltalake.exceptions import CommitFailedError
 from cues_platform.processing.backing import RecordType, Snapshot
 from cues_platform.processing.errors import ProcessorFencedError
 from cues_platform.processing.model import Kind, Processor
-from cues_platform.processing.outputs import proc_app_id
 from cues_platform.queues import Queue
 from cues_platform.queues.appender import AppendResult, append_batches
 from cues_platform.queues.by_reference import WrittenPart, append_written
 from cues_platform.queues.integrity import TableStorage
-from cues_platform.queues.layout import COMMIT_HOOKS
+from cues_platform.queues.layout import (
+    COMMIT_HOOKS,
+    LANE_POSITION,
+    LEGACY_LANE_POSITION,
+    PROCESSOR_EPOCH,
+    PROCESSOR_STEP,
+)
 from cues_platform.queues.maintenance import trim_log
 
 STEP_RECORD_KEY = "cues.step_record"  # "commit": this commit is the step's only record
 FENCE_ATTEMPTS = 200
-
-
-def epoch_app_id(processor_id: str) -> str:
-    return f"epoch:{processor_id}"
-
-
-def pos_app_id(processor_id: str, queue: str, partition: str) -> str:
-    """The app id of ``processor_id``'s position on ``queue``/``partition`` (queue names hold no
-    '/' or ':', so no two (queue, partition) pairs share an id, and no legacy id is one)."""
-    return f"pos:{processor_id}:{queue}/{partition}"
-
-
-def legacy_pos_app_id(processor_id: str, binding: str) -> str:
-    """The position id of lakes written before positions were keyed by queue and partition
-    (binding names are Python identifiers: never a '/')."""
-    return f"pos:{processor_id}:{binding}"
 
 
 def home_of(processor: Processor) -> str | None:
@@ -96,16 +85,16 @@ class HomeState:
 def read_home(queue: Queue, processor: Processor, dt: DeltaTable | None = None) -> HomeState:
     dt = dt or queue.refresh()
     pid = processor.id
-    step = _version(queue, dt, proc_app_id(pid))
-    epoch = _version(queue, dt, epoch_app_id(pid))
-    positions = {b: _version(queue, dt, pos_app_id(pid, src.queue, src.partition))
+    step = _version(queue, dt, PROCESSOR_STEP.id(pid))
+    epoch = _version(queue, dt, PROCESSOR_EPOCH.id(pid))
+    positions = {b: _version(queue, dt, LANE_POSITION.id(pid, src.queue, src.partition))
                  for b, src in processor.inputs.items()}
     return HomeState(-1 if step is None else step, -1 if epoch is None else epoch, positions)
 
 
 def position_of(queue: Queue, processor_id: str, source: str, partition: str) -> int | None:
     """``processor_id``'s stored position on ``source``/``partition`` in its home ``queue``."""
-    return _version(queue, queue.refresh(), pos_app_id(processor_id, source, partition))
+    return _version(queue, queue.refresh(), LANE_POSITION.id(processor_id, source, partition))
 
 
 def migrate_legacy_positions(queue: Queue, processor_id: str, *, epoch: int,
@@ -115,7 +104,7 @@ def migrate_legacy_positions(queue: Queue, processor_id: str, *, epoch: int,
     this epoch; ``read`` maps each binding to the queue and partition its last step read (from
     that step's recorded snapshot). Idempotent: a key already present is kept. Returns the
     positions now stored for those pairs."""
-    app = epoch_app_id(processor_id)
+    app = PROCESSOR_EPOCH.id(processor_id)
     for _ in range(FENCE_ATTEMPTS):
         try:
             with queue.writing() as dt:
@@ -126,13 +115,13 @@ def migrate_legacy_positions(queue: Queue, processor_id: str, *, epoch: int,
                 have: dict[tuple[str, str], int] = {}
                 txns = []
                 for binding, (source, part) in sorted(read.items()):
-                    now = _version(queue, dt, pos_app_id(processor_id, source, part))
-                    old = _version(queue, dt, legacy_pos_app_id(processor_id, binding))
+                    now = _version(queue, dt, LANE_POSITION.id(processor_id, source, part))
+                    old = _version(queue, dt, LEGACY_LANE_POSITION.id(processor_id, binding))
                     if now is not None:
                         have[(source, part)] = now
                     elif old is not None:
                         have[(source, part)] = old
-                        txns.append((pos_app_id(processor_id, source, part), old))
+                        txns.append((LANE_POSITION.id(processor_id, source, part), old))
                 if not txns:
                     return have
                 key = queue.cache.key(dt)
@@ -158,7 +147,7 @@ def fence_home(queue: Queue, processor_id: str, epoch: int) -> int | None:
     """Commit ``epoch:{p} = epoch`` to the home queue (an empty commit) and return None, or return
     the home's epoch when another instance already holds ``epoch`` or a newer one (the caller
     starts its fencing again above it)."""
-    app = epoch_app_id(processor_id)
+    app = PROCESSOR_EPOCH.id(processor_id)
     for _ in range(FENCE_ATTEMPTS):
         try:
             with queue.writing() as dt:  # read and commit on one snapshot no other thread moves
@@ -188,13 +177,13 @@ def home_guard(queue: Queue, pid: str, *, epoch: int, step: int):  # noqa: ANN20
     (only this epoch can have written it: its own commit, whose acknowledgement was lost)."""
 
     def guard(dt: DeltaTable) -> AppendResult | None:
-        current = _version(queue, dt, epoch_app_id(pid))
+        current = _version(queue, dt, PROCESSOR_EPOCH.id(pid))
         if current != epoch:
             raise ProcessorFencedError(
                 f"processor {pid!r}: epoch {epoch} was fenced by a newer instance (epoch "
                 f"{current}) in home queue {queue.name!r}; this instance stops without "
                 f"delivering step {step}", processor=pid, epoch=epoch, newest=current, step=step)
-        done = _version(queue, dt, proc_app_id(pid))
+        done = _version(queue, dt, PROCESSOR_STEP.id(pid))
         if done is not None and done >= step:
             return AppendResult(queue=queue.name, ranges={}, duplicate=True)
         return None
@@ -213,8 +202,8 @@ def commit_step(queue: Queue, snapshot: Snapshot, tables: Mapping[str, Any], *, 
     queue's attempt is, and this commit closes it (it is made after every other output queue)."""
     pid, step = snapshot.processor, snapshot.step
     guard = home_guard(queue, pid, epoch=epoch, step=step)
-    txns = [(proc_app_id(pid), step), (epoch_app_id(pid), epoch)]
-    txns += sorted({(pos_app_id(pid, r.queue, r.partition), r.end) for r in snapshot.inputs.values()})
+    txns = [(PROCESSOR_STEP.id(pid), step), (PROCESSOR_EPOCH.id(pid), epoch)]
+    txns += sorted({(LANE_POSITION.id(pid, r.queue, r.partition), r.end) for r in snapshot.inputs.values()})
     metadata = {"cues.processor": pid, "cues.step": str(step), "cues.epoch": str(epoch),
                 "cues.outcome": outcome.value, STEP_RECORD_KEY: "commit" if is_record else "backing"}
     if is_record:
@@ -228,7 +217,6 @@ def commit_step(queue: Queue, snapshot: Snapshot, tables: Mapping[str, Any], *, 
     return append_batches(queue, tables, guards=[guard], prepared=True, allow_empty=True,
                           app_transactions=txns, delivery_hash=snapshot.delivery_hash,
                           message_type=message_type, commit_metadata=metadata)
-
 
 
 def trim_home_log(queue: Queue, *, digested: int) -> int:

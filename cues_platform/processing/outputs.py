@@ -43,6 +43,7 @@ from cues_platform.queues.by_reference import WrittenPart, append_written
 from cues_platform.queues.confine import PathOutsideLakeError, confine
 from cues_platform.queues.errors import SchemaError
 from cues_platform.queues.filesystems import filesystem_for, join_path
+from cues_platform.queues.layout import PROCESSOR_STEP
 from cues_platform.queues.names import join_uri
 from cues_platform.queues.schema import conform
 
@@ -59,10 +60,6 @@ ERROR_SCHEMA = pa.schema([
 ])
 
 Staged = dict[str, dict[str, str]]  # queue -> partition -> staged file URI
-
-
-def proc_app_id(processor_id: str) -> str:
-    return f"proc:{processor_id}"
 
 
 def to_arrow(value: Any) -> pa.Table:
@@ -217,7 +214,7 @@ def contract_error_table(snapshot: Snapshot, *, queue: str, bad: pa.Table, reaso
 
 
 def delivered_to(queue: Queue, processor: str, step: int, dt: DeltaTable | None = None) -> bool:
-    version = queue.txn_version(proc_app_id(processor), snapshot=dt)
+    version = queue.txn_version(PROCESSOR_STEP.id(processor), snapshot=dt)
     return version is not None and int(version) >= step
 
 
@@ -242,7 +239,7 @@ def commit_once(queue: Queue, snapshot: Snapshot, tables: Mapping[str, Any], *, 
         return None
 
     return append_batches(queue, tables, guards=[guard], prepared=prepared,
-                          app_transactions=[(proc_app_id(processor), step)],
+                          app_transactions=[(PROCESSOR_STEP.id(processor), step)],
                           delivery_hash=snapshot.delivery_hash, message_type=message_type,
                           commit_metadata={"cues.processor": processor, "cues.step": str(step)})
 

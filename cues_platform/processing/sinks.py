@@ -36,9 +36,8 @@ from cues_platform.processing.errors import (
     SinkSchemaError,
     SinkStorageError,
 )
-from cues_platform.queues.layout import COMMIT_HOOKS
+from cues_platform.queues.layout import COMMIT_HOOKS, SINK_STEP
 
-SINK_APP_PREFIX = "sink:"  # Delta app id prefix: version = last applied step of that processor
 DEFAULT_TABLE = "cues_sink_deliveries"
 DEFAULT_MAX_ATTEMPTS = 50
 _HASH = re.compile(r"[0-9a-f]{32}")
@@ -133,7 +132,7 @@ def write_delta_once(
         if hash_column in data.column_names:
             raise InvalidSinkInputError(f"hash_column {hash_column!r} is already in data", **info)
         data = data.append_column(hash_column, pa.array([digest] * data.num_rows, pa.string()))
-    app_id = f"{SINK_APP_PREFIX}{processor}"
+    app_id = SINK_STEP.id(processor)
     props = CommitProperties(
         app_transactions=[Transaction(app_id, step)],
         custom_metadata={"cues.sink": processor, "cues.step": str(step), "cues.hash": digest},
@@ -273,7 +272,7 @@ def applied(conn: psycopg.Connection, delivery_hash: str, *, table: str = DEFAUL
 
 
 __all__ = [
-    "DEFAULT_TABLE", "SINK_APP_PREFIX", "DeliveryHashReusedError", "InvalidSinkInputError", "PostgresDelivery",
+    "DEFAULT_TABLE", "DeliveryHashReusedError", "InvalidSinkInputError", "PostgresDelivery",
     "SinkConflictError", "SinkContext", "SinkError", "SinkSchemaError", "SinkStorageError", "applied",
     "postgres_once", "validate_table_name", "write_delta_once",
 ]

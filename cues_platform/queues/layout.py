@@ -142,6 +142,8 @@ PROCESSOR_STEP = AppId("proc:", "{processor}", HOME,
 PROCESSOR_EPOCH = AppId("epoch:", "{processor}", HOME,
                         "the processor runner's epoch (fences an older runner)",
                         "processing/home.py", _NEVER)
+# queue names hold no '/' or ':' and binding names are Python identifiers (never a '/'), so no
+# two (queue, partition) pairs share a lane position id and no legacy id is one
 LANE_POSITION = AppId("pos:", "{processor}:{queue}/{partition}", HOME,
                       "the processor's next offset on one input lane",
                       "processing/home.py (in the step's commit)", _NEVER)

@@ -58,8 +58,7 @@ from cues_platform.processing import (
     processor_asset,
 )
 from cues_platform.processing.backing import Snapshot
-from cues_platform.processing.home import pos_app_id
-from cues_platform.processing.outputs import proc_app_id
+from cues_platform.queues.layout import LANE_POSITION, PROCESSOR_STEP
 from cues_platform.reference import model as m
 from cues_platform.reference.ledger import book
 
@@ -197,9 +196,9 @@ def convert_position(lake: Any) -> tuple[int, int]:
     done = -1
     if lake.has_queue("priced"):
         dt = lake.queue("priced").refresh()
-        version = dt.transaction_version(proc_app_id("convert"))
-        postings = dt.transaction_version(pos_app_id("convert", "parsed", "0"))
-        rates = dt.transaction_version(pos_app_id("convert", "fx_rates", "0"))
+        version = dt.transaction_version(PROCESSOR_STEP.id("convert"))
+        postings = dt.transaction_version(LANE_POSITION.id("convert", "parsed", "0"))
+        rates = dt.transaction_version(LANE_POSITION.id("convert", "fx_rates", "0"))
         if version is not None:
             done = int(version)
         if postings is not None and rates is not None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from cues_platform.audit import audit
 from cues_platform.processing import Range, RecordType
-from cues_platform.processing.outputs import error_table, proc_app_id
+from cues_platform.processing.outputs import error_table
 from cues_platform.queues import Lake
+from cues_platform.queues.layout import PROCESSOR_STEP
 from tests.audit.lakes import ORDERS, append_step, only, orders
 
 
@@ -35,7 +36,7 @@ def test_error_row_of_a_platform_failure_is_a_violation(lake_copy: Lake) -> None
         partition="0",
         delivery_hash=snapshot.delivery_hash,
         message_type="error",
-        app_transactions=[(proc_app_id("enrich"), snapshot.step)],
+        app_transactions=[(PROCESSOR_STEP.id("enrich"), snapshot.step)],
     )
     report = audit(lake_copy)
     (v,) = only(report, "platform_error")

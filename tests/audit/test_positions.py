@@ -17,9 +17,10 @@ import pytest
 from cues_platform.audit import AuditReport, audit
 from cues_platform.processing import BackingQueue, Range, RecordType
 from cues_platform.processing.backing import Snapshot
-from cues_platform.processing.home import commit_step, fence_home, pos_app_id
+from cues_platform.processing.home import commit_step, fence_home
 from cues_platform.queues import Lake
 from cues_platform.queues.appender import append_batches
+from cues_platform.queues.layout import LANE_POSITION
 
 ROWS = pa.schema([pa.field("id", pa.int64())])
 
@@ -58,7 +59,7 @@ class History:
         """What a faulty migration would do: a position written with no step."""
         queue, part = where.split("/")
         append_batches(self.lake.queue("out"), {}, allow_empty=True,
-                       app_transactions=[(pos_app_id(pid, queue, part), value)])
+                       app_transactions=[(LANE_POSITION.id(pid, queue, part), value)])
 
     def audit(self) -> AuditReport:
         return audit(self.lake)

@@ -30,7 +30,7 @@ from cues_platform.processing.errors import (
     StepInFlightError,
     StrategyChangedError,
 )
-from cues_platform.processing.home import legacy_pos_app_id, pos_app_id
+from cues_platform.queues.layout import LANE_POSITION, LEGACY_LANE_POSITION
 from tests.support import PAYLOAD, rows
 
 PARTS = ("0", "x")
@@ -144,7 +144,7 @@ def test_a_renamed_binding_and_an_added_and_removed_input_continue(spark, lake):
     run(lake, spark, graph(joined))
     assert ids(lake) == list(range(15))  # a/0 [10, 15) once, joined with c/0 [0, 3)
     home = lake.queue("b").refresh()
-    assert home.transaction_version(pos_app_id("p", "c", "0")) == 3
+    assert home.transaction_version(LANE_POSITION.id("p", "c", "0")) == 3
     lake.queue("a").append(rows(15, 5), partition="0")
     run(lake, spark, graph(mapper(In("a", "0"))))
     assert ids(lake) == list(range(20))
@@ -241,8 +241,8 @@ def test_a_step_stores_its_position_under_the_queue_partition_it_read(spark, lak
     another partition; lakes that have it are migrated: test_lanes.py's pre-lanes lake)."""
     deliver(lake, spark, graph(mapper(In("a", "0"))), {"0": (0, 10)})
     home = lake.queue("b")
-    assert home.refresh().transaction_version(legacy_pos_app_id("p", "src")) is None
-    assert home.refresh().transaction_version(pos_app_id("p", "a", "0")) == 10
+    assert home.refresh().transaction_version(LEGACY_LANE_POSITION.id("p", "src")) is None
+    assert home.refresh().transaction_version(LANE_POSITION.id("p", "a", "0")) == 10
 
 
 def test_cues_processor_ls_and_forget(spark, lake):
