@@ -1,7 +1,7 @@
 """A step's output written by Spark's executors and committed by reference (no row on the driver).
 
 Used for a step whose function returns one Spark DataFrame for one output with a fixed partition
-and no pandas contract to check row by row (``Options.output_writer``; see :class:`~cues_platform.processing.graph.OutputWriter`).
+and no pandas contract to check row by row (``Options.output_writer``; see :class:`~cues_platform.processing.model.OutputWriter`).
 For that output, :func:`write_by_executors`:
 
 1. Checks the DataFrame's columns against the queue's payload schema (names and Spark types,

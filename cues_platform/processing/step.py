@@ -138,7 +138,7 @@ from cues_platform.queues.by_reference import WrittenPart
 from cues_platform.queues.errors import SchemaError
 from cues_platform.queues.reader import execute_spark, plan_read
 from cues_platform.queues.schema import RESERVED
-from cues_platform.spark.connect import is_connect
+from cues_platform.spark.client import is_connect
 
 Hook = Callable[[str], None]
 
