@@ -7,7 +7,10 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -15,6 +18,7 @@ from cues_platform.cli.common import lake_option
 from cues_platform.processing.errors import PlatformStepError
 from cues_platform.processing.events import RunnerStatus
 from cues_platform.processing.failures import Origin, Phase, origin_of
+from cues_platform.processing.graph import Graph
 from cues_platform.processing.loader import load_graph
 from cues_platform.processing.runner import GraphRunner
 from cues_platform.queues import Lake
@@ -53,85 +57,120 @@ def run_command(graph_ref: str, lake_root: str, idle_exit: float | None, no_prog
     failure without a stop request exits 2 with one ``error:`` line (``PlatformStepError``: restart
     to retry the same input).
     """
-    graph = load_graph(graph_ref)
-    lake = Lake(root=lake_root)
-    events = RunnerStatus(graph=graph.name, stream=sys.stderr if no_progress else None,
-                          status_file=status_file)
-    stop = threading.Event()
-    runners: list[GraphRunner] = []
+    run = _Run(graph=load_graph(graph_ref), lake=Lake(root=lake_root), no_progress=no_progress,
+               status_file=status_file)
+    # Step 1: signals and the py4j filter, for the whole command (a stop during Spark's start-up
+    # is graceful too; GraphRunner.run installs its own while it runs and puts these back)
+    with run.stoppable():
+        # Step 2: Spark, then the runner until a stop, --idle-exit or a failure
+        run.execute(idle_exit=idle_exit)
+    # Step 3: one line, and one per processor
+    run.report(idle_exit=idle_exit)
 
-    def request_stop(_signum: int) -> None:  # in StopSignals' thread (never in the handler)
-        stop.set()
-        for r in runners:
+
+class _Run:
+    """One ``cues run``: its runner, the stop request, and what it tells the user."""
+
+    def __init__(self, *, graph: Graph, lake: Lake, no_progress: bool,
+                 status_file: Path | None) -> None:
+        self.graph, self.lake, self.no_progress = graph, lake, no_progress
+        self.events = RunnerStatus(graph=graph.name, stream=sys.stderr if no_progress else None,
+                                   status_file=status_file)
+        self.stop = threading.Event()
+        self.runners: list[GraphRunner] = []
+        self.signals = StopSignals(self._request_stop)
+        self.started = time.monotonic()
+        self.interrupted = ""
+        self.stats: dict[str, Any] = {}
+
+    def _request_stop(self, _signum: int) -> None:  # in StopSignals' thread (never the handler)
+        self.stop.set()
+        for r in self.runners:
             r.stop_event.set()
 
-    signals = StopSignals(request_stop)
+    def stop_requested(self) -> bool:
+        return (self.signals.received is not None or self.stop.is_set()
+                or any(r.stop_event.is_set() for r in self.runners))
 
-    def stop_requested() -> bool:
-        return signals.received is not None or stop.is_set() or any(r.stop_event.is_set() for r in runners)
-
-    def quiet_py4j_after_stop(record: logging.LogRecord) -> bool:
+    def _quiet_py4j_after_stop(self, record: logging.LogRecord) -> bool:
         # py4j logs every command the stopped JVM can no longer answer (with a traceback) on the
         # root logger; after a stop request that is expected, and the step is left to recovery.
-        return not (stop_requested() and f"{os.sep}py4j{os.sep}" in record.pathname)
+        return not (self.stop_requested() and f"{os.sep}py4j{os.sep}" in record.pathname)
 
-    logging.getLogger().addFilter(quiet_py4j_after_stop)
-    # Installed for the whole command, so a stop during start-up (Spark takes seconds) is graceful
-    # too; GraphRunner.run installs its own while it runs and puts these back.
-    signals.__enter__()
-    started = time.monotonic()
-    interrupted = ""
-    events("started", {"lake": lake.root, "pid": os.getpid(), "processors": sorted(graph.processors)})
-    try:
+    @contextmanager
+    def stoppable(self) -> Iterator[None]:
+        logging.getLogger().addFilter(self._quiet_py4j_after_stop)
+        self.signals.__enter__()
+        try:
+            yield
+        finally:
+            self.signals.__exit__(None, None, None)
+            logging.getLogger().removeFilter(self._quiet_py4j_after_stop)
+
+    def _spark(self) -> Any:
         spark_started = time.monotonic()
         try:
             spark = get_spark()
         except Exception as exc:
-            if not stop_requested():
+            if not self.stop_requested():
                 raise
             # Spark's start failed after a stop was requested (its JVM, in a group of its own, is
             # not signalled by a group stop; it may have died of something else)
             raise _StartupInterrupted(type(exc).__name__) from exc
-        events("spark_ready", {"seconds": round(time.monotonic() - spark_started, 3)})
-        runner = GraphRunner(graph=graph, lake=lake, spark=spark, keep_results=False, events=events)
-        runners.append(runner)
-        if stop_requested():
-            runner.stop_event.set()
-        stats = runner.run(show_progress=not no_progress, idle_exit=idle_exit)
-    except _StartupInterrupted as exc:
-        interrupted = f"; start-up interrupted ({exc})"
-        stats = {}
-    except Exception as exc:
-        # A stop request that also took Spark's JVM down (SIGTERM to the process group) fails the
-        # step in flight (or the start-up) with a platform error: no error row, retried on restart.
-        if not stop_requested() or not (
-            isinstance(exc, PlatformStepError) or origin_of(exc, phase=Phase.MATERIALIZE) is Origin.PLATFORM
+        self.events("spark_ready", {"seconds": round(time.monotonic() - spark_started, 3)})
+        return spark
+
+    def execute(self, *, idle_exit: float | None) -> None:
+        self.events("started", {"lake": self.lake.root, "pid": os.getpid(),
+                                "processors": sorted(self.graph.processors)})
+        try:
+            runner = GraphRunner(graph=self.graph, lake=self.lake, spark=self._spark(),
+                                 keep_results=False, events=self.events)
+            self.runners.append(runner)
+            if self.stop_requested():
+                runner.stop_event.set()
+            self.stats = runner.run(show_progress=not self.no_progress, idle_exit=idle_exit)
+        except _StartupInterrupted as exc:
+            self.interrupted = f"; start-up interrupted ({exc})"
+        except Exception as exc:
+            interrupted = self._interrupted_by_stop(exc)
+            if interrupted is None:
+                self.events("failed", {"error_type": type(exc).__name__,
+                                       "error": (str(exc).strip().splitlines() or [""])[0][:300]})
+                raise
+            self.interrupted = interrupted
+            self.stats = self.runners[0].stats if self.runners else {}
+
+    def _interrupted_by_stop(self, exc: Exception) -> str | None:
+        """What a failure under a stop request interrupted (None: not a stop's doing).
+
+        A stop request that also took Spark's JVM down (SIGTERM to the process group) fails the
+        step in flight (or the start-up) with a platform error: no error row, retried on
+        restart."""
+        if not self.stop_requested() or not (
+            isinstance(exc, PlatformStepError)
+            or origin_of(exc, phase=Phase.MATERIALIZE) is Origin.PLATFORM
         ):
-            events("failed", {"error_type": type(exc).__name__,
-                              "error": (str(exc).strip().splitlines() or [""])[0][:300]})
-            raise
+            return None
         if isinstance(exc, PlatformStepError):
-            interrupted = (f"; step {exc.step} of processor {exc.processor!r} was interrupted and is "
-                           "retried on the next start")
-        else:
-            interrupted = f"; start-up interrupted ({type(exc).__name__})"
-        stats = runners[0].stats if runners else {}
-    finally:
-        signals.__exit__(None, None, None)
-        logging.getLogger().removeFilter(quiet_py4j_after_stop)
-    elapsed = time.monotonic() - started
-    why = (
-        "stop requested" if stop_requested() else f"idle for {idle_exit}s"
-    )
-    events("stopped", {"why": why + interrupted, "seconds": round(elapsed, 3)})
-    click.echo(f"graph {graph.name}: stopped after {elapsed:.1f}s ({why}{interrupted})")
-    final = runners[0].graph if runners else graph  # with the lanes of partitions added meanwhile
-    for pid, s in stats.items():
-        p = final.processors[pid]
-        click.echo(
-            f"  {pid} ({p.kind.value}, {p.strategy.value}): {s.steps} step(s), {s.rows_in:,} row(s) "
-            f"in, {s.rows_out:,} row(s) out, {s.errors} error(s), {s.recovered} recovered"
-        )
+            return (f"; step {exc.step} of processor {exc.processor!r} was interrupted and is "
+                    "retried on the next start")
+        return f"; start-up interrupted ({type(exc).__name__})"
+
+    def report(self, *, idle_exit: float | None) -> None:
+        elapsed = time.monotonic() - self.started
+        why = "stop requested" if self.stop_requested() else f"idle for {idle_exit}s"
+        self.events("stopped", {"why": why + self.interrupted, "seconds": round(elapsed, 3)})
+        click.echo(f"graph {self.graph.name}: stopped after {elapsed:.1f}s ({why}{self.interrupted})")
+        # with the lanes of partitions added meanwhile
+        final = self.runners[0].graph if self.runners else self.graph
+        for pid, s in self.stats.items():
+            p = final.processors[pid]
+            click.echo(
+                f"  {pid} ({p.kind.value}, {p.strategy.value}): {s.steps} step(s), "
+                f"{s.rows_in:,} row(s) in, {s.rows_out:,} row(s) out, {s.errors} error(s), "
+                f"{s.recovered} recovered"
+            )
 
 
 class _StartupInterrupted(Exception):  # noqa: N818 - a requested stop, reported in one line
