@@ -9,12 +9,17 @@ The driver's JVM runs in a process group (a session) of its own (:func:`launch_d
 SIGTERM or Ctrl-C to the group of the process that uses Spark (a shell's job, ``kill -TERM -PGID``,
 a supervisor) reaches the Python process only, which stops at a step boundary and then ends Spark;
 the JVM exits when its gateway's stdin closes, i.e. when that process ends, however it ends.
+Its stderr reaches ours through :func:`forward_jvm_stderr`, without the JVM's own start-up
+warning about incubator modules (one line per run in `dagster dev` otherwise).
 """
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
 import sys
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,6 +90,43 @@ def require_master(master: str, *, timeout: float = 5.0) -> None:
         "runs) or fix CUES_SPARK_MASTER", master=master)
 
 
+# Spark's launcher (spark-launcher's JavaModuleOptions, not configurable) starts every driver JVM
+# with --add-modules=jdk.incubator.vector, and the JVM then prints this line to stderr at boot:
+# no JVM option turns it off (-XX:-PrintWarnings, --limit-modules do not), so it is left out where
+# the JVM's stderr comes through us. Only lines that start with it are left out.
+JVM_NOISE = (b"WARNING: Using incubator modules:",)
+
+
+def forward_jvm_stderr(stream: Any, *, to_fd: int | None = None,
+                       drop: tuple[bytes, ...] = JVM_NOISE) -> threading.Thread:
+    """Copy a JVM's stderr (a binary pipe) to ``to_fd`` line by line, except the lines that start
+    with one of ``drop``; returns the (daemon) thread that does it, which ends at end of file.
+
+    ``to_fd`` defaults to a duplicate of this process's stderr taken now: the JVM writes where it
+    would have written had it inherited our stderr at launch. The pipe is drained to its end even
+    when ``to_fd`` can no longer be written (closed terminal): a JVM never blocks on a full pipe."""
+    target = os.dup(2) if to_fd is None else to_fd
+
+    def pump() -> None:
+        writable = True
+        with stream:
+            for line in iter(stream.readline, b""):
+                if not writable or line.startswith(drop):
+                    continue
+                view = memoryview(line)
+                try:
+                    while view:
+                        view = view[os.write(target, view):]
+                except OSError:  # EPIPE/EBADF: nobody reads our stderr any more; keep draining
+                    writable = False
+        if to_fd is None:
+            os.close(target)
+
+    thread = threading.Thread(target=pump, name="spark-jvm-stderr", daemon=True)
+    thread.start()
+    return thread
+
+
 def _classic(options: Mapping[str, str]) -> bool:
     """Whether ``SparkSession.builder.getOrCreate()`` takes the classic path (a py4j gateway to a
     driver JVM this process starts) with these options, rather than a Spark Connect one."""
@@ -130,7 +172,8 @@ def launch_driver_jvm(*, options: Mapping[str, str]) -> bool:
     if SparkContext._gateway is not None or not _classic(options):
         return False
     conf = SparkConf().setAll(list(options.items()))
-    gateway = launch_gateway(conf, popen_kwargs={"start_new_session": True})
+    gateway = launch_gateway(conf, popen_kwargs={"start_new_session": True, "stderr": subprocess.PIPE})
+    forward_jvm_stderr(gateway.proc.stderr)
     SparkContext(conf=conf, gateway=gateway)
     return True
 
@@ -169,7 +212,8 @@ def get_spark(settings: SparkSettings | None = None) -> Any:
     return session
 
 
-__all__ = ["JAVA_OPTIONS_KEY", "LOCAL_DEFAULTS", "LOCAL_FILES_DEFAULTS", "LOG_CONFIG", "MIN_JAVA",
-           "SparkMasterUnreachableError", "SparkSettings", "driver_java_options", "get_spark",
+__all__ = ["JAVA_OPTIONS_KEY", "JVM_NOISE", "LOCAL_DEFAULTS", "LOCAL_FILES_DEFAULTS", "LOG_CONFIG",
+           "MIN_JAVA", "SparkMasterUnreachableError", "SparkSettings", "driver_java_options",
+           "forward_jvm_stderr", "get_spark",
            "java_major_version", "launch_driver_jvm", "require_java", "require_master",
            "use_this_python"]
