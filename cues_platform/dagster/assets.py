@@ -10,6 +10,7 @@ the failed attempt stopped: no input is skipped and no output is written twice.
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from dagster import (
@@ -39,10 +40,12 @@ from cues_platform.dagster.materialize import (
     pending_delivery,
     queue_metadata,
     run_metadata,
+    step_metadata,
 )
 from cues_platform.dagster.resources import describe_record, spark_session_of
 from cues_platform.processing.graph import AssetBody, Graph, Kind, Processor, QueueDef, Strategy
 from cues_platform.processing.home import home_of
+from cues_platform.processing.idle import LaneWork, lane_work
 from cues_platform.processing.runner import GraphRunner
 
 LAKE_KEY = "lake"
@@ -50,6 +53,7 @@ SPARK_KEY = "spark"
 BACKING_KEY = "backing"
 IO_MANAGER_KEY = "cues_io_manager"
 KINDS = {"spark", "delta"}
+IDLE_STOP = "no new input"  # cues/stopped of a lane that had nothing to do (what the function face says)
 __all__ = ["BACKING_KEY", "IO_MANAGER_KEY", "LAKE_KEY", "SPARK_KEY", "InjectedFailure",
            "ProcessorRunConfig", "build_processor_asset", "external_queues", "external_spec",
            "is_audited", "output_queues", "processor_keys", "processor_pool", "queue_key"]
@@ -219,6 +223,13 @@ def build_processor_asset(graph: Graph, proc: Processor, *, prefix: Sequence[str
             last = stepper.backing.last_record() if hasattr(stepper, "backing") else None
             found = describe_record(last)
             rolled = pending_delivery(lake, lane_id, last, home=home_of(lane))
+            idle = None if hook is not None else idle_lane(lake, lane)
+            if idle is not None:
+                # nothing to read and nothing to recover: no recovery, so no fencing commit
+                lanes[lane_id] = step_metadata(runner.graph, lane, lake=lake, stepper=idle, results=[],
+                                               stopped=IDLE_STOP, found=found,
+                                               elapsed=time.monotonic() - started)
+                continue
             stopped = drive(runner, lane_id, config)
             lanes[lane_id] = run_metadata(runner.graph, lane, runner, stopped, found, rolled,
                                           time.monotonic() - started)
@@ -242,6 +253,24 @@ def build_processor_asset(graph: Graph, proc: Processor, *, prefix: Sequence[str
                                          before=before[q], results=results)})
 
     return _materialize
+
+
+@dataclass(frozen=True)
+class _IdleLane:
+    """What ``step_metadata`` reads of a stepper, for a lane that was not started."""
+
+    positions: dict[str, int]
+    pending: None = None
+
+
+def idle_lane(lake: Any, lane: Processor) -> _IdleLane | None:
+    """The positions of an exactly_once lane with inputs that has no unread rows and nothing to
+    recover (``processing/idle.py``), else None: such a lane is not started (its recovery would
+    fence: one empty commit in its home queue and one in its backing queue, for nothing)."""
+    if lane.strategy is not Strategy.EXACTLY_ONCE or not lane.inputs or lane.kind is Kind.SOURCE:
+        return None
+    work: LaneWork = lane_work(lake, lane)
+    return None if work.has_work else _IdleLane(dict(work.positions))
 
 
 def is_audited(proc: Processor) -> bool:

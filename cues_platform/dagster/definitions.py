@@ -10,8 +10,11 @@ from dagster import (
     DefaultSensorStatus,
     Definitions,
     RetryPolicy,
-    ScheduleDefinition,
+    RunRequest,
+    ScheduleEvaluationContext,
+    SkipReason,
     define_asset_job,
+    schedule,
 )
 
 from cues_platform.dagster.assets import (
@@ -29,10 +32,11 @@ from cues_platform.dagster.checks import build_checks
 from cues_platform.dagster.error_queues import error_queue_spec, error_queue_writers
 from cues_platform.dagster.io_manager import CuesIOManager
 from cues_platform.dagster.resources import BackingQueueResource, CuesSparkResource, LakeResource
-from cues_platform.dagster.sensors import build_sensors
+from cues_platform.dagster.sensors import TRIGGER_TAG, build_sensors, joined_sources
 from cues_platform.dagster.step_io import STEP_IO_KEY, CuesStepIOManager
 from cues_platform.processing.errors import GraphError
-from cues_platform.processing.graph import AssetBody, Graph
+from cues_platform.processing.graph import AssetBody, Graph, Kind
+from cues_platform.processing.idle import graph_work
 
 RESERVED_KEYS = (LAKE_KEY, SPARK_KEY, BACKING_KEY, IO_MANAGER_KEY, STEP_IO_KEY)
 
@@ -127,9 +131,7 @@ def build_definitions(
                            tags={"cues/graph": graph.name})
     schedules = []
     if schedule_cron:
-        schedules.append(ScheduleDefinition(name=schedule_name(graph), cron_schedule=schedule_cron,
-                                            job=job, description=f"runs graph {graph.name!r}",
-                                            default_status=schedule_status(automation)))
+        schedules.append(build_schedule(graph, job, schedule_cron, schedule_status(automation)))
     return Definitions(
         assets=[*externals, *errors, *assets],
         asset_checks=build_checks(graph, prefix=prefix),
@@ -139,6 +141,30 @@ def build_definitions(
         jobs=[job],
         resources=res,
     )
+
+
+def build_schedule(graph: Graph, job: Any, cron: str, status: DefaultScheduleStatus) -> Any:
+    """The schedule ``{graph}__schedule``: a run of ``{graph}__all`` at each tick where some
+    processor has work (``processing/idle.py``: unread rows, a step to recover, a join waiting for
+    its source) or the graph has a source no join reads (whose work only its function knows); a
+    drained lake gets a skip, not a run."""
+    free = [p for p in graph.family_order() if graph.as_declared(p).kind in (Kind.SOURCE, Kind.IMPERATIVE)
+            and p not in joined_sources(graph)]
+
+    @schedule(name=schedule_name(graph), cron_schedule=cron, job=job, default_status=status,
+              required_resource_keys={LAKE_KEY},
+              description=f"runs graph {graph.name!r} when a processor has work (never on a drained lake)")
+    def _schedule(context: ScheduleEvaluationContext):
+        if free:
+            return RunRequest(tags={TRIGGER_TAG: "schedule", "cues/sources": ",".join(free)})
+        work = graph_work(getattr(context.resources, LAKE_KEY).lake(), graph)
+        if not work:
+            return SkipReason(f"graph {graph.name!r}: every processor has read its input and has nothing "
+                              "to recover (drained)")
+        return RunRequest(tags={TRIGGER_TAG: "schedule",
+                                "cues/work": "; ".join(f"{p}: {w}" for p, w in work.items())[:250]})
+
+    return _schedule
 
 
 def schedule_status(automation: DefaultSensorStatus) -> DefaultScheduleStatus:

@@ -1,14 +1,34 @@
-"""Sensors of a graph: new input data, run failures (recovery), and sinks.
+"""Sensors of a graph: unread input (the lag), a join waiting for its source, run failures.
 
-New-data sensor (one per processor with inputs; for a sink it is the *sink sensor*): the cursor
-is the JSON of the input queues' Delta versions. When they differ from the cursor, the tick
-requests one run of the processor's assets with ``run_key = <processor>@<queue>.v<version>+...``:
-the same versions always give the same key and Dagster never launches two runs with one key for a
-sensor, so a tick repeated after a crash (before its cursor was saved) launches nothing twice.
-With no new commit, it still requests a run while the processor's latest materialization left
-input behind (``cues/lag_total`` > 0: a ``@processor_asset`` takes one step per run, a bounded
-run stops early), keyed ``...+catch_up.<that materialization's run id>``: one run per such
-materialization, so a failed run (no materialization) never makes a storm of requests.
+New-data sensor (one per processor with inputs; for a sink it is the *sink sensor*): it reads,
+from the Delta logs only (no Spark, nothing written: ``processing/idle.py``), each lane's input
+next offsets and its positions there, and requests one run of the processor's assets when some
+lane has *work*: unread rows a step would take (a map, join, fork or sink needs unread rows on
+every input, an alts on any), or an attempt or snapshot that recovery must finish. The run key is
+``<processor>@<queue>/<partition>.o<next offset>+...+read.<sum of positions>``: the same input
+and progress always give the same key, and Dagster never launches two runs with one key for a
+sensor, so a tick repeated after a crash (before its cursor was saved) launches nothing twice, and
+a run that failed without progress is not launched again (the recovery sensor or Dagster's run
+retries handle it). A run that stopped behind its input (a ``@processor_asset`` takes one step
+per run, a bounded run stops early) moved the positions: the next tick asks again (``catch_up``).
+
+Why the lag and not Delta versions: every start of an exactly_once processor fences (an empty
+commit in its home queue, an output queue of the graph), so a version-keyed sensor saw each no-op
+run of an upstream processor as new data downstream and launched the next no-op run, without end.
+An empty commit moves no next offset and no position; and a processor with nothing to do is not
+started at all (``assets.idle_lane``). A drained lake launches no run.
+
+On-demand sensor (one per source processor read by a join): the join steps only when every input
+has unread rows, so when it waits with unread rows on its other inputs and none on the source's
+queue, the sensor requests a run of the source (the reference ``fx`` publishes a fixing exactly
+then), keyed by the join's input state: the join never waits for the graph's schedule.
+
+Why sensors and not ``AutomationCondition``: a condition that reads the lag must be a custom
+Python condition, evaluated in the code server (``AutomationConditionSensorDefinition(...,
+use_user_code_server=True)``, beta in dagster 1.13); its run requests carry no run key, so a tick
+evaluated again after a daemon crash can launch a second run of the same input, where the keyed
+sensor cannot. The built-in conditions key on materializations and data versions, which is what
+made fences look like new data.
 
 Recovery sensor (one per graph), for instances WITHOUT Dagster's run retries: after a run that
 materialized (or planned to materialize) some of the graph's processor assets failed, it requests
@@ -49,11 +69,13 @@ from dagster import (
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
+    define_asset_job,
     sensor,
 )
 
 from cues_platform.dagster.assets import LAKE_KEY, processor_keys
 from cues_platform.processing.graph import Graph, Kind, Processor
+from cues_platform.processing.idle import LaneWork, family_work, source_wanted
 
 RECOVERY_OF_TAG = "cues/recovery_of"
 RECOVERY_ATTEMPT_TAG = "cues/recovery_attempt"
@@ -72,14 +94,50 @@ def input_versions(lake: Any, proc: Processor) -> dict[str, int]:
 
 def new_data_run_key(processor_id: str, versions: dict[str, int]) -> str:
     body = "+".join(f"{q}.v{v}" for q, v in sorted(versions.items()))
+    return _short(processor_id, body)
+
+
+def _short(processor_id: str, body: str) -> str:
     key = f"{processor_id}@{body}"
     if len(key) > 200:
         key = f"{processor_id}@{hashlib.blake2b(body.encode(), digest_size=16).hexdigest()}"
     return key
 
 
+def input_state(works: Sequence[LaneWork], graph: Graph) -> tuple[dict[str, int], int]:
+    """``({queue/partition: next offset}, sum of the lanes' positions)`` of a processor's lanes."""
+    ends: dict[str, int] = {}
+    read = 0
+    for work in works:
+        lane = graph.processors.get(work.processor)
+        for binding, end in work.ends.items():
+            src = lane.inputs[binding] if lane is not None else None
+            name = f"{src.queue}/{src.partition}" if src is not None else binding
+            ends[name] = end
+            read += work.positions.get(binding, 0)
+    return ends, read
+
+
+def lag_run_key(processor_id: str, ends: dict[str, int], read: int) -> str:
+    body = "+".join(f"{q}.o{e}" for q, e in sorted(ends.items()))
+    return _short(processor_id, f"{body}+read.{read}")
+
+
+def processor_job_name(graph: Graph, proc: Processor) -> str:
+    """``{graph}__{processor}``: the job of one processor's assets, the name its runs carry
+    (a run of an asset selection alone is named ``__anonymous_asset_job_...`` by Dagster)."""
+    return f"{graph.name}__{proc.id}"
+
+
+def processor_job(graph: Graph, proc: Processor, prefix: Sequence[str] = ()) -> Any:
+    keys = processor_keys(proc, prefix)
+    return define_asset_job(processor_job_name(graph, proc), selection=AssetSelection.assets(*keys),
+                            description=f"{proc.kind.value} processor {proc.id!r} of graph {graph.name!r}",
+                            tags={"cues/graph": graph.name, "cues/processor": proc.id})
+
+
 def sensor_name(graph: Graph, proc: Processor) -> str:
-    suffix = "sink" if proc.kind is Kind.SINK else "new_data"
+    suffix = "sink" if proc.kind is Kind.SINK else "on_demand" if proc.kind is Kind.SOURCE else "new_data"
     return f"{graph.name}__{proc.id}__{suffix}"
 
 
@@ -89,52 +147,85 @@ def build_new_data_sensor(graph: Graph, proc: Processor, *, prefix: Sequence[str
     keys = processor_keys(proc, prefix)
     pid = proc.id
     what = "sink" if proc.kind is Kind.SINK else "processor"
+    queues = ", ".join(input_queues(proc))
 
-    @sensor(name=sensor_name(graph, proc), target=AssetSelection.assets(*keys),
+    @sensor(name=sensor_name(graph, proc), target=processor_job(graph, proc, prefix),
             minimum_interval_seconds=minimum_interval_seconds, default_status=default_status,
             required_resource_keys={LAKE_KEY},
-            description=f"Runs {what} {pid!r} when one of its input queues "
-                        f"({', '.join(input_queues(proc))}) has a new Delta version.")
+            description=f"Runs {what} {pid!r} when it has rows of {queues} it has not read (its "
+                        "lag, from the queues' offsets and its positions), or a step to recover.")
     def _new_data(context: SensorEvaluationContext):
         lake = getattr(context.resources, LAKE_KEY).lake()
-        versions = input_versions(lake, proc)
-        cursor = json.dumps(versions, sort_keys=True)
-        previous = json.loads(context.cursor) if context.cursor else None
-        if previous == versions:
-            behind = lag_after_latest(context.instance, keys[0])
-            if behind is None:
-                return SkipReason(f"no new commits on {', '.join(versions)} since the last run request")
-            # no new input, but the latest materialization stopped behind it (a function asset
-            # takes one step per run; a runner-face run may have hit a bound): one run per such
-            # materialization (its run id in the key) until the processor has caught up
-            run_id, lag = behind
-            request = RunRequest(run_key=f"{new_data_run_key(pid, versions)}+catch_up.{run_id}",
-                                 asset_selection=keys,
-                                 tags={TRIGGER_TAG: "catch_up", "cues/processor": pid,
-                                       "cues/lag_total": str(lag)})
-            return SensorResult(run_requests=[request], cursor=cursor)
-        if not any(_has_rows(lake, q) for q in versions):
-            return SensorResult(skip_reason=SkipReason("the input queues are empty"), cursor=cursor)
-        request = RunRequest(run_key=new_data_run_key(pid, versions), asset_selection=keys,
-                             tags={TRIGGER_TAG: "new_data", "cues/processor": pid})
+        works = family_work(lake, graph, pid)
+        ends, read = input_state(works, graph)
+        cursor = json.dumps({"ends": ends, "read": read}, sort_keys=True)
+        previous = json.loads(context.cursor) if context.cursor else {}
+        busy = [w for w in works if w.has_work]
+        if not busy:
+            if not any(ends.values()):
+                return SensorResult(skip_reason=SkipReason(f"the input queues are empty ({queues})"),
+                                    cursor=cursor)
+            lag = sum(w.lag for w in works)
+            why = (f"no new commits with rows {pid!r} has not read on {queues}" if not lag else
+                   f"{pid!r} waits for every input to have unread rows (lag {lag}: "
+                   f"{ {w.processor: w.unread for w in works} })")
+            return SensorResult(skip_reason=SkipReason(why), cursor=cursor)
+        trigger = "new_data" if previous.get("ends") != ends else "catch_up"
+        pending = [w.pending for w in busy if w.pending]
+        tags = {TRIGGER_TAG: trigger, "cues/processor": pid,
+                "cues/lag_total": str(sum(w.lag for w in works))}
+        if pending:
+            tags["cues/pending"] = pending[0][:200]
+        request = RunRequest(run_key=lag_run_key(pid, ends, read), asset_selection=keys, tags=tags)
         return SensorResult(run_requests=[request], cursor=cursor)
 
     return _new_data
 
 
-def lag_after_latest(instance: Any, key: AssetKey) -> tuple[str, int] | None:
-    """``(run id, lag)`` of the asset's latest materialization when it left input unprocessed
-    (``cues/lag_total`` > 0), else None."""
-    event = instance.get_latest_materialization_event(key)
-    mat = event.asset_materialization if event is not None else None
-    lag = mat.metadata.get("cues/lag_total") if mat is not None else None
-    if lag is None or not int(lag.value):
-        return None
-    return event.run_id, int(lag.value)
+def build_on_demand_sensor(graph: Graph, proc: Processor, *, prefix: Sequence[str] = (),
+                           minimum_interval_seconds: int = 30,
+                           default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING) -> Any:
+    """The sensor of a source read by a join (see the module docstring)."""
+    keys = processor_keys(proc, prefix)
+    pid = proc.id
+    outs = {o.queue for o in proc.outputs.values()}
+    joins = sorted({p.family or p.id for p in graph.processors.values()
+                    if p.kind is Kind.JOIN and any(i.queue in outs for i in p.inputs.values())})
+
+    @sensor(name=sensor_name(graph, proc), target=processor_job(graph, proc, prefix),
+            minimum_interval_seconds=minimum_interval_seconds, default_status=default_status,
+            required_resource_keys={LAKE_KEY},
+            description=f"Runs source {pid!r} when join {', '.join(joins)} waits for it: unread rows "
+                        f"on its other inputs, none on {', '.join(sorted(outs))}.")
+    def _on_demand(context: SensorEvaluationContext):
+        lake = getattr(context.resources, LAKE_KEY).lake()
+        why = source_wanted(lake, graph, pid)
+        states = [input_state(family_work(lake, graph, j), graph) for j in joins]
+        body = "+".join(f"{q}.o{e}" for ends, _ in states for q, e in sorted(ends.items()))
+        read = sum(r for _, r in states)
+        cursor = json.dumps({"ends": [e for e, _ in states], "read": read}, sort_keys=True)
+        if not why:
+            return SensorResult(skip_reason=SkipReason(
+                f"no join waits for {pid!r} ({', '.join(joins)} read every row it has, or has "
+                "unread rows of its output)"), cursor=cursor)
+        request = RunRequest(run_key=_short(pid, f"for.{body}+read.{read}"), asset_selection=keys,
+                             tags={TRIGGER_TAG: "on_demand", "cues/processor": pid,
+                                   "cues/waiting": why[:200]})
+        return SensorResult(run_requests=[request], cursor=cursor)
+
+    return _on_demand
 
 
-def _has_rows(lake: Any, name: str) -> bool:
-    return lake.has_queue(name) and any(lake.queue(name).end_offsets().values())
+def joined_sources(graph: Graph) -> list[str]:
+    """The graph's source processors read by a join (each gets an on-demand sensor)."""
+    out = []
+    for family in graph.family_order():
+        proc = graph.as_declared(family)
+        outs = {o.queue for o in proc.outputs.values()}
+        if proc.kind is Kind.SOURCE and any(p.kind is Kind.JOIN and any(i.queue in outs for i in p.inputs.values())
+                                            for p in graph.processors.values()):
+            out.append(family)
+    return out
 
 
 def _run_asset_keys(instance: Any, run_id: str, event_type: DagsterEventType) -> set[AssetKey]:
@@ -222,6 +313,10 @@ def build_sensors(graph: Graph, *, prefix: Sequence[str] = (), minimum_interval_
                                  minimum_interval_seconds=minimum_interval_seconds,
                                  default_status=default_status)
            for pid in graph.family_order() if graph.as_declared(pid).inputs]
+    out += [build_on_demand_sensor(graph, graph.as_declared(pid), prefix=prefix,
+                                   minimum_interval_seconds=minimum_interval_seconds,
+                                   default_status=default_status)
+            for pid in joined_sources(graph)]
     out.append(build_recovery_sensor(graph, prefix=prefix, max_attempts=max_recovery_attempts,
                                      minimum_interval_seconds=minimum_interval_seconds,
                                      default_status=default_status))

@@ -1,7 +1,8 @@
 """Sensors evaluated with ``build_sensor_context`` on a real instance and a real lake.
 
-New-data and sink sensors: cursor = the input queues' Delta versions, run key = the processor and
-those versions (the same versions always give the same key, so Dagster never launches a duplicate).
+New-data and sink sensors: keyed on the lag (the input queues' next offsets and the processor's
+positions, read from the Delta logs), run key = the processor, those offsets and its progress (the
+same input and progress always give the same key, so Dagster never launches a duplicate).
 Recovery sensor: one recovery run per failed run of the graph's assets, cursor = the storage id of
 the last RUN_FAILURE event handled, so no failure is ever missed or handled twice.
 """
@@ -30,38 +31,25 @@ def _tick(defs, name: str, instance, lake_resource: LakeResource, cursor: str | 
 
 
 # -- new data / sinks -----------------------------------------------------------------------------
-def test_new_data_sensor_cursor_and_deterministic_run_keys(defs, lake, lake_resource, instance) -> None:
+def test_new_data_sensor_keys_on_the_lag_with_deterministic_run_keys(defs, lake, lake_resource, instance) -> None:
     name = "shop__enrich__new_data"
     empty = _tick(defs, name, instance, lake_resource, None)
     assert not empty.run_requests and "empty" in empty.skip_message
-    assert json.loads(empty.cursor) == {"orders": -1}  # the queue does not exist yet
+    assert json.loads(empty.cursor) == {"ends": {"orders/0": 0}, "read": 0}  # no queue yet
     load_orders(lake)  # creates the queues, then appends 30 orders
-    version = lake.queue("orders").version()
     first = _tick(defs, name, instance, lake_resource, empty.cursor)
     (request,) = first.run_requests
-    assert request.run_key == new_data_run_key("enrich", {"orders": version}) == f"enrich@orders.v{version}"
+    assert request.run_key == "enrich@orders/0.o30+read.0"
     assert request.asset_selection == [AssetKey("enriched")]
-    assert request.tags["cues/trigger"] == "new_data"
-    assert json.loads(first.cursor) == {"orders": version}
-    # the same versions: nothing to do
-    same = _tick(defs, name, instance, lake_resource, first.cursor)
-    assert not same.run_requests and same.cursor == first.cursor
-    # a tick repeated from the old cursor (its cursor was lost) asks for the SAME run key
+    assert request.tags["cues/trigger"] == "new_data" and request.tags["cues/lag_total"] == "30"
+    assert json.loads(first.cursor) == {"ends": {"orders/0": 30}, "read": 0}
+    # a tick repeated (its cursor lost or not) asks for the SAME run key: Dagster launches it once
     again = _tick(defs, name, instance, lake_resource, empty.cursor)
     assert [r.run_key for r in again.run_requests] == [request.run_key]
-    # new commits: a new run key
+    # new rows: a new run key
     lake.queue("orders").append(rows(30, 5), partition="0")
     newer = _tick(defs, name, instance, lake_resource, first.cursor)
-    assert [r.run_key for r in newer.run_requests] == [f"enrich@orders.v{version + 1}"]
-
-
-def test_created_but_empty_inputs_are_skipped_with_cursor(defs, lake, lake_resource, instance) -> None:
-    from cues_platform.processing.runner import create_queues
-    from tests.dagster.graphs import build_graph
-
-    create_queues(build_graph(with_contract=False), lake)
-    tick = _tick(defs, "shop__split__new_data", instance, lake_resource, json.dumps({"enriched": -1}))
-    assert not tick.run_requests and json.loads(tick.cursor) == {"enriched": 0}
+    assert [r.run_key for r in newer.run_requests] == ["enrich@orders/0.o35+read.0"]
 
 
 def test_sink_sensor_requests_the_sink_asset(defs, lake, lake_resource, instance) -> None:
@@ -70,7 +58,7 @@ def test_sink_sensor_requests_the_sink_asset(defs, lake, lake_resource, instance
     tick = _tick(defs, "shop__archive__sink", instance, lake_resource, None)
     (request,) = tick.run_requests
     assert request.asset_selection == [AssetKey("archive")]
-    assert request.run_key.startswith("archive@small.v")
+    assert request.run_key == "archive@small/0.o3+read.0"
 
 
 # -- recovery ---------------------------------------------------------------------------------------
