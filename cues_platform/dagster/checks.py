@@ -2,24 +2,19 @@
 
 Blocking (a failure stops downstream assets in the run):
 
-- ``contract``: the queue's pandera contract (``QueueDef.contract``) on the rows the asset's
-  latest materialization wrote (its ``cues/written_ranges`` metadata: the offsets it added, rows
-  with a delivery hash only; payload columns). A ``pandera.pandas`` contract (what the step checks
-  row by row, see ``cues_platform.processing.contracts``) is validated on those rows read as
-  Arrow -> pandas (``lazy=True``: every failure listed); a ``pandera.pyspark`` contract
-  (``DataFrameSchema`` / ``DataFrameModel``) validates the Spark DataFrame where it is and reports
-  in ``df.pandera.errors``. Rows that break the contract inside a step went to the error queue
-  with their payload in that step, so the check fails only on what a step delivered against the
-  contract (a contract changed since, a bug), and never on older rows: the next materialization
-  is judged on its own rows.
-
-Rows removed by retention. A check run again after the queue's retention removed some of the
-rows it judges (offsets below the partition's start offset, which every registered reader had
-read) judges the rows still there and never claims the others: it fails with severity WARN
-(not blocking, never green), ``rows_checked`` counting what it read and ``retained_away``
-(``{partition: [start, end)}``) what it could not re-check, unless the rows it could read fail at
-severity ERROR as always. The evaluation made with the materialization, when those rows were
-there, stays in the asset's check history.
+- ``contract``: the queue's pandera contract (``QueueDef.contract``) on every row that arrived
+  since the check last judged (whoever committed it: a step of this run, recovery rolling a
+  failed attempt forward, ``cues run`` outside Dagster) and on the rows it found failing before
+  that nobody handled: it stays red across no-op runs, retries and re-executions until those rows
+  are quarantined (``check_quarantine``) or pass (the contract fixed). Its memory (judged up to
+  which offset per partition, which rows are still open) is the metadata of its own previous
+  evaluation in Dagster's event log (``check_memory``); the judging is ``check_contract``. Rows
+  with a delivery hash are validated; rows without one are counted and left to
+  ``outside_protocol``. A ``pandera.pandas`` contract is validated on Arrow -> pandas chunks
+  (``lazy=True``: every failure, each mapped back to its offset); a ``pandera.pyspark`` contract
+  validates the Spark DataFrame (it names checks, not rows: a failure keeps every judged row
+  open). Rows the queue's retention removed before any evaluation judged them are reported as
+  ``retained_away`` (severity WARN, never green) until quarantined.
 - ``exactly_once``: ``cues_platform.audit.audit(lake)``; fails on any violation in this queue or
   of this processor (gaps, overlaps, rows delivered twice, unknown hashes, ...) except rows
   written outside the protocol, which the next check reports.
@@ -32,7 +27,6 @@ Not blocking (severity WARN: the pipeline goes on, the UI shows it):
   processors read them like any row; ``docs/dagster.md`` shows the operator's way out.
 """
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -58,8 +52,10 @@ from cues_platform.dagster.assets import (
     processor_keys,
     queue_key,
 )
+from cues_platform.dagster.check_contract import evaluate
+from cues_platform.dagster.check_memory import load_memory
 from cues_platform.dagster.error_queues import error_counts, error_queue_writers
-from cues_platform.dagster.materialize import ARRIVED_RANGES, WRITTEN_RANGES, latest_metadata
+from cues_platform.dagster.materialize import ARRIVED_RANGES, latest_metadata
 from cues_platform.dagster.resources import spark_session_of
 from cues_platform.processing.contracts import contract_kind
 from cues_platform.processing.failures import Origin, origin_of_exception_type
@@ -243,7 +239,8 @@ def check_specs(graph: Graph, proc: Processor, *, prefix: Sequence[str] = ()) ->
         if q is not None and graph.queues[q].contract is not None:
             specs.append(AssetCheckSpec(
                 CONTRACT, asset=key, blocking=True,
-                description=f"pandera contract of queue {q!r} on the rows the latest materialization wrote"))
+                description=f"pandera contract of queue {q!r} on every row that arrived since it last "
+                            "judged, and on the rows it holds open until quarantined or passing"))
         if is_audited(proc):
             specs.append(AssetCheckSpec(EXACTLY_ONCE, asset=key, blocking=True,
                                         description="exactly-once audit (cues audit) of this output"))
@@ -275,7 +272,8 @@ def build_processor_checks(graph: Graph, proc: Processor, *, prefix: Sequence[st
                 continue
             q = queue_of[spec.asset_key]
             if spec.name == CONTRACT:
-                yield _contract_result(context, spec.asset_key, lake, q, graph.queues[q].contract)
+                yield _contract_result(context, spec.asset_key, lake, q, graph.queues[q].contract,
+                                       graph.error_queue_of(proc))
                 continue
             if report is None:
                 report = audit(lake, graph=graph)
@@ -314,42 +312,16 @@ def _spark_for(context: AssetCheckExecutionContext, contract: Any) -> Any:
 
 
 def _contract_result(context: AssetCheckExecutionContext, key: AssetKey, lake: Lake, q: str,
-                     contract: Any) -> AssetCheckResult:
-    try:
-        ranges = latest_ranges(context, key, WRITTEN_RANGES)
-    except RangesNotRecorded:  # never "OK" without having looked: materialize again
-        return AssetCheckResult(asset_key=key, check_name=CONTRACT, passed=False, severity=AssetCheckSeverity.ERROR,
-                                metadata={"queue": q, "what_to_do": f"the latest materialization recorded no "
-                                          f"{WRITTEN_RANGES} (an older version made it): materialize the asset again"})
-    meta: dict[str, Any] = {"queue": q, "judged_ranges": ranges or {}}
-    if not ranges:
-        meta["rows_checked"] = 0
-        meta["note"] = ("never materialized" if ranges is None
-                        else "the latest materialization wrote no row")
-        return AssetCheckResult(asset_key=key, check_name=CONTRACT, passed=True,
-                                severity=AssetCheckSeverity.ERROR, metadata=meta)
-    spark = _spark_for(context, contract)
-
-    def judge(readable: dict[str, list[int]]) -> tuple[bool, list[dict[str, Any]], int]:
-        if not readable:
-            return True, [], 0
-        rows = rows_at(lake, q, readable, spark, protocol_only=True)
-        passed, failures = validate_contract(contract, rows)
-        return passed, failures, rows.num_rows if hasattr(rows, "num_rows") else rows.count()
-
-    (passed, failures, checked), removed = above_start(lake, q, ranges, judge)
-    meta["rows_checked"] = checked
-    meta.update({k: v for k, v in failure_counts(failures).items() if v is not None})
-    meta["failed_checks"] = sorted({f"{f.get('column')}: {f.get('check')}" for f in failures})
-    meta["details"] = json.dumps(failures[:MAX_LISTED], default=str)
-    severity = AssetCheckSeverity.ERROR
-    if removed:
-        meta[RETAINED_AWAY] = removed
-        meta["note"] = retained_away_note(removed)
-        if passed:  # what could be read passes; the rest was not judged now: not green
-            passed, severity = False, AssetCheckSeverity.WARN
-    return AssetCheckResult(asset_key=key, check_name=CONTRACT, passed=passed,
-                            severity=severity, metadata=meta)
+                     contract: Any, error_queue: str | None) -> AssetCheckResult:
+    """Every row that arrived since the check last judged, and the rows it holds open
+    (``check_contract``); its memory is its own previous evaluation (``check_memory``)."""
+    memory = load_memory(context.instance, AssetCheckKey(key, CONTRACT))
+    passed, red, meta = evaluate(lake, q, contract, memory=memory, error_queue=error_queue,
+                                 spark=_spark_for(context, contract), validate=validate_contract,
+                                 counts_of=failure_counts, retries=RETENTION_RACE_RETRIES)
+    severity = AssetCheckSeverity.ERROR if red or passed else AssetCheckSeverity.WARN
+    return AssetCheckResult(asset_key=key, check_name=CONTRACT, passed=passed, severity=severity,
+                            metadata=meta)
 
 
 def _outside_protocol_result(context: AssetCheckExecutionContext, key: AssetKey, lake: Lake, q: str,
