@@ -18,7 +18,6 @@ from cues_platform.dagster import (
     RECOVERY_ATTEMPT_TAG,
     RECOVERY_OF_TAG,
     LakeResource,
-    new_data_run_key,
 )
 from tests.dagster.conftest import assets_of, resources_of
 from tests.dagster.graphs import load_orders, rows

@@ -1,0 +1,157 @@
+"""Automation on a drained lake launches nothing, and a run with nothing to do commits nothing
+(issue 25, items 2, 3 and 7), on real Delta tables.
+
+Every trigger of a graph (new-data and sink sensors, the on-demand sensor of a source a join
+reads, the schedule) keys on the lag read from the Delta logs (``processing/idle.py``), never on
+Delta versions: a fencing commit is empty, so it is not new data to anyone.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pyarrow as pa
+from dagster import AssetKey, build_schedule_context, build_sensor_context, materialize
+from deltalake import DeltaTable
+
+from cues_platform.dagster import CuesSparkResource, LakeResource, build_definitions
+from cues_platform.processing import Graph, In, Kind, Options, Out, Processor, QueueDef
+from cues_platform.processing.idle import graph_work
+from cues_platform.processing.runner import GraphRunner, create_queues
+from cues_platform.queues import Lake
+from tests.dagster.conftest import assets_of, resources_of
+from tests.dagster.graphs import check_exact, load_orders
+from tests.support import PAYLOAD, rows
+
+TICKS = 3
+
+
+def _versions(lake: Lake, graph: Graph) -> dict[str, int]:
+    """The Delta version of every queue of ``graph`` and of every backing queue."""
+    out = {q: lake.queue(q).version() for q in graph.queues if lake.has_queue(q)}
+    for pid in graph.processors:
+        uri = lake.system_uri("backing", pid)
+        if DeltaTable.is_deltatable(uri, storage_options=lake.options):
+            out[f"backing/{pid}"] = DeltaTable(uri, storage_options=lake.options).version()
+    return out
+
+
+def _tick_all(defs: Any, instance: Any, lake_resource: LakeResource,
+              cursors: dict[str, str | None]) -> list[Any]:
+    """One tick of every sensor of ``defs`` but the recovery sensor (from ``cursors``, updated),
+    and one of every schedule; returns every run request they made."""
+    repo = defs.get_repository_def()
+    requests = []
+    for sensor in repo.sensor_defs:
+        if sensor.name.endswith("__recovery"):
+            continue
+        tick = sensor.evaluate_tick(build_sensor_context(
+            instance=instance, cursor=cursors.get(sensor.name), resources={"lake": lake_resource}))
+        cursors[sensor.name] = tick.cursor or cursors.get(sensor.name)
+        requests += [(sensor.name, r) for r in tick.run_requests]
+    for schedule in repo.schedule_defs:
+        result = schedule.evaluate_tick(build_schedule_context(instance=instance,
+                                                               resources={"lake": lake_resource}))
+        requests += [(schedule.name, r) for r in result.run_requests or []]
+    return requests
+
+
+def test_a_drained_lake_launches_no_run_and_a_noop_run_commits_nothing(
+        spark, lake, lake_resource, defs, graph, instance) -> None:
+    load_orders(lake)
+    cursors: dict[str, str | None] = {}
+    before = _tick_all(defs, instance, lake_resource, cursors)
+    assert [name for name, _ in before] == ["shop__enrich__new_data", "shop__schedule"]
+    assert materialize(assets_of(defs, checks=False), resources=resources_of(defs), instance=instance).success
+    check_exact(lake)
+    assert graph_work(lake, graph) == {}
+    # drained: several rounds of every trigger request nothing
+    for _ in range(TICKS):
+        assert _tick_all(defs, instance, lake_resource, cursors) == []
+    # a run by hand with nothing to do: it succeeds, says so, and commits nothing anywhere
+    versions = _versions(lake, graph)
+    again = materialize(assets_of(defs, checks=False), resources=resources_of(defs), instance=instance)
+    assert again.success
+    stopped = {e.asset_key.to_user_string(): e.materialization.metadata["cues/stopped"].value
+               for e in again.get_asset_materialization_events()}
+    assert stopped == dict.fromkeys(["enriched", "big", "small", "archive"], "no new input")
+    lags = {e.materialization.metadata["cues/lag_total"].value for e in again.get_asset_materialization_events()}
+    assert lags == {0}
+    assert _versions(lake, graph) == versions
+    assert _tick_all(defs, instance, lake_resource, cursors) == []
+    # new orders: only the processor that can read them is asked for, once per input state
+    lake.queue("orders").append(rows(30, 5), partition="0")
+    (request,) = [r for name, r in _tick_all(defs, instance, lake_resource, cursors) if name.endswith("new_data")]
+    assert request.run_key == "enrich@orders/0.o35+read.30"
+
+
+def test_a_fencing_commit_does_not_look_like_new_data_downstream(spark, lake, lake_resource, defs, graph,
+                                                                 instance) -> None:
+    """What made 16 runs in 4 minutes: a start of ``enrich`` fences (an empty commit to its home
+    ``enriched``); ``split``'s trigger reads the lag, which the fence does not move."""
+    load_orders(lake)
+    assert materialize(assets_of(defs, checks=False), resources=resources_of(defs), instance=instance).success
+    cursors: dict[str, str | None] = {}
+    assert _tick_all(defs, instance, lake_resource, cursors) == []
+    version = lake.queue("enriched").version()
+    GraphRunner(graph=graph, lake=lake, spark=spark, only=["enrich"]).recover()
+    assert lake.queue("enriched").version() > version  # the fence is a commit...
+    assert _tick_all(defs, instance, lake_resource, cursors) == []  # ...that is no new data
+
+
+# -- a join and the source it waits for (the reference convert and fx), without Spark -----------------
+def _quote(ctx: Any) -> pa.Table | None:
+    return rows(1000 + ctx.step, 1)
+
+
+def _join(ctx: Any, orders: Any, quotes: Any) -> Any:
+    return orders
+
+
+def _join_graph() -> Graph:
+    opts = Options(batch_size=10)
+    return Graph.build(name="desk", queues=[QueueDef("orders", PAYLOAD), QueueDef("quotes", PAYLOAD),
+                                            QueueDef("priced", PAYLOAD)],
+                       processors=[
+                           Processor("quote", Kind.SOURCE, _quote, outputs={"out": Out("quotes")}, options=opts),
+                           Processor("price", Kind.JOIN, _join, {"orders": In("orders"), "quotes": In("quotes")},
+                                     {"out": Out("priced")}, options=opts)])
+
+
+def test_a_join_waiting_for_its_source_runs_the_source_not_the_join(lake, instance) -> None:
+    graph = _join_graph()
+    create_queues(graph, lake)
+    resource = LakeResource(root=lake.root)
+    defs = build_definitions(graph, lake=resource, spark=CuesSparkResource(), schedule_cron="* * * * *")
+    repo = defs.get_repository_def()
+    assert {s.name for s in repo.sensor_defs} == {"desk__price__new_data", "desk__quote__on_demand",
+                                                 "desk__recovery"}
+
+    def tick(name: str, cursor: str | None = None) -> Any:
+        return repo.get_sensor_def(name).evaluate_tick(build_sensor_context(
+            instance=instance, cursor=cursor, resources={"lake": resource}))
+
+    assert not tick("desk__quote__on_demand").run_requests  # nothing waits: no orders
+    lake.queue("orders").append(rows(0, 5), partition="0")
+    join = tick("desk__price__new_data")
+    assert not join.run_requests and "waits for every input" in join.skip_message
+    (wanted,) = tick("desk__quote__on_demand").run_requests
+    assert wanted.tags["cues/trigger"] == "on_demand" and wanted.asset_selection == [AssetKey("quotes")]
+    assert tick("desk__quote__on_demand").run_requests[0].run_key == wanted.run_key  # same state, same key
+    schedule = repo.get_schedule_def("desk__schedule")
+    assert schedule.evaluate_tick(build_schedule_context(instance=instance,
+                                                         resources={"lake": resource})).run_requests
+    lake.queue("quotes").append(rows(1000, 1), partition="0")  # what the source's run publishes
+    assert not tick("desk__quote__on_demand").run_requests
+    (run,) = tick("desk__price__new_data").run_requests
+    assert run.run_key == "price@orders/0.o5+quotes/0.o1+read.0" and json.loads(
+        tick("desk__price__new_data").cursor) == {"ends": {"orders/0": 5, "quotes/0": 1}, "read": 0}
+    assert graph_work(lake, graph) == {"price": "lag 6 on {'orders': 5, 'quotes': 1}"}
+
+
+def test_sensor_runs_carry_the_processor_job_name(defs) -> None:
+    repo = defs.get_repository_def()
+    assert repo.get_sensor_def("shop__split__new_data").job_name == "shop__split"
+    job = repo.get_job("shop__split")
+    assert {k.to_user_string() for k in job.asset_layer.executable_asset_keys} == {"big", "small"}
