@@ -1,14 +1,16 @@
 """One processor materialization: its run config (bounds, fault injection), the driving loop
-(recovery, then steps until drained or a bound is hit) and its materialization metadata."""
+(recovery, then steps until drained or a bound is hit), its failure headline and its
+materialization metadata."""
 
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from dagster import Config
+from dagster import Config, Failure, RetryRequested
 from pydantic import Field
 
 from cues_platform.errors import CuesError
@@ -88,9 +90,58 @@ def fault_hook(config: FaultConfig, processor_id: str,
     return hook
 
 
+# -- failure headlines ----------------------------------------------------------------------------
+HEADLINE_CHARS = 400
+
+
+def headline(exc: BaseException) -> str:
+    """One line naming the cause: ``PlatformStepError: <the first line of its message>``."""
+    lines = str(exc).strip().splitlines()
+    text = f"{type(exc).__name__}: {lines[0].strip()}" if lines else type(exc).__name__
+    return text if len(text) <= HEADLINE_CHARS else text[:HEADLINE_CHARS - 1] + "…"
+
+
+def _plain(value: Any) -> Any:
+    return value if isinstance(value, str | int | float | bool) or value is None else str(value)
+
+
+def step_failure(exc: Exception, *, processor: str) -> Failure:
+    """Dagster's :class:`~dagster.Failure` for ``exc``: its description (the run's failure
+    headline in the UI and the console) is :func:`headline`, its metadata the processor, the
+    error's qualified class, whether retrying helps and a :class:`CuesError`'s data. Op retries
+    stay allowed (a retry starts with recovery, whatever the error)."""
+    cls = type(exc)
+    meta: dict[str, Any] = {"cues/processor": processor,
+                            "cues/error": f"{cls.__module__}.{cls.__qualname__}",
+                            "cues/retryable": bool(getattr(exc, "retryable", False))}
+    if isinstance(exc, CuesError) and exc.data:
+        meta["cues/error_data"] = {k: _plain(v) for k, v in sorted(exc.data.items())}
+    return Failure(description=headline(exc), metadata=meta, allow_retries=True)
+
+
+@contextmanager
+def failure_headline(processor: str) -> Iterator[None]:
+    """Run a processor's step code so that an exception fails the op as :func:`step_failure`
+    (chained: the exception stays the cause, with its traceback, under "View full message")
+    instead of Dagster's generic "Error occurred while executing op ...". Dagster's own control
+    flow (``Failure``, ``RetryRequested``, interrupts) passes through unchanged."""
+    try:
+        yield
+    except (Failure, RetryRequested):
+        raise
+    except Exception as exc:
+        raise step_failure(exc, processor=processor) from exc
+
+
 def drive(runner: GraphRunner, pid: str, config: ProcessorRunConfig) -> str:
     """Recovery of ``pid``, then ``step_once`` until drained or a bound is hit; returns why it
-    stopped. The bounds hold per lane (each partition of an every-partition binding)."""
+    stopped. The bounds hold per lane (each partition of an every-partition binding). An
+    exception fails the op with its one-line headline (:func:`failure_headline`)."""
+    with failure_headline(pid):
+        return _drive(runner, pid, config)
+
+
+def _drive(runner: GraphRunner, pid: str, config: ProcessorRunConfig) -> str:
     started = time.monotonic()
     runner.recover([pid])
     steps = rows = 0

@@ -34,6 +34,7 @@ from cues_platform.dagster.io_manager import QUEUE_METADATA, CuesIOManager
 from cues_platform.dagster.keys import queue_key
 from cues_platform.dagster.materialize import (
     FaultConfig,
+    failure_headline,
     fault_hook,
     pending_delivery,
     queue_metadata,
@@ -118,7 +119,9 @@ class CuesStepIOManager(CuesIOManager):
         key = (step_ctx.run_id, step_ctx.step.key, step_ctx.previous_attempt_count)
         run = self._open.get(key)
         if run is None:  # the op's first input opens the step; a join's second input reuses it
-            run = self._open[key] = self._start(context, target_of(context.op_def))
+            target = target_of(context.op_def)
+            with failure_headline(target.processor.id):
+                run = self._open[key] = self._start(context, target)
         return StepInput(run, run.phased.frames.get(binding))
 
     def _start(self, context: InputContext, target: FunctionTarget) -> StepRun:
@@ -144,7 +147,8 @@ class CuesStepIOManager(CuesIOManager):
             return
         run = obj.run
         first = run.results is None
-        results = run.delivered()
+        with failure_headline(run.target.processor.id):
+            results = run.delivered()
         self._open.pop((context.run_id, context.step_key, _attempt(context)), None)
         graph, proc = run.target.graph, run.target.processor
         lake = run.phased.stepper.lake

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dagster import AssetKey, materialize
+from dagster import AssetKey, DagsterEventType, materialize
 
 from cues_platform.audit import audit
 from tests.dagster.conftest import assets_of, resources_of
@@ -90,3 +90,69 @@ def test_rows_to_errors_counts_contract_breaks_of_steps_that_also_had_output(def
     assert obs.asset_key == AssetKey("errors") and meta["dagster/row_count"] == 2
     assert meta["cues/by_processor"] == {"enrich": {"cues_platform.ContractViolation": 2}}
     assert meta["cues/rows_from_this_run"] == 2
+
+
+# -- failure headlines (issue 25, item 7) ------------------------------------------------------------
+def _step_failure(result):
+    [failure] = [e for e in result.all_events if e.event_type == DagsterEventType.STEP_FAILURE]
+    return failure.event_specific_data
+
+
+def _causes(error) -> list[str]:
+    names = []
+    while error is not None:
+        names.append(error.cls_name)
+        error = error.cause
+    return names
+
+
+def test_a_failed_step_headline_is_its_cause_in_one_line(defs, lake, instance) -> None:
+    """The runner face: a failure between the fork's commits fails the op with the cause's class
+    and first line as Dagster's failure description (the UI's and the console's headline), not
+    "Error occurred while executing op 'split'"; the cause stays chained under it, and the
+    metadata carries the processor and the error's data."""
+    load_orders(lake)
+    config = {"ops": {"split": {"config": {"inject_failure_at": "between_commits",
+                                           "inject_failure_step": 1}}}}
+    result = materialize(assets_of(defs), resources=resources_of(defs), instance=instance,
+                         run_config=config, raise_on_error=False)
+    assert not result.success
+    data = _step_failure(result)
+    description = data.user_failure_data.description
+    assert description.startswith("InjectedFailure: injected failure at between_commits of step 1"), description
+    assert "\n" not in description and "Error occurred while executing" not in description
+    assert data.error.cls_name == "Failure" and "InjectedFailure" in _causes(data.error)
+    assert "Error occurred while executing" not in data.error.message
+    meta = {k: v.value for k, v in data.user_failure_data.metadata.items()}
+    assert meta["cues/processor"] == "split" and meta["cues/retryable"] is True
+    assert meta["cues/error"] == "cues_platform.dagster.materialize.InjectedFailure"
+    assert meta["cues/error_data"] == {"point": "between_commits", "processor": "split", "step": 1}
+    # a run after the failure (no injection) recovers and delivers every row exactly once
+    again = materialize(assets_of(defs), resources=resources_of(defs), instance=instance)
+    assert again.success
+    check_exact(lake)
+
+
+def test_the_function_face_headline_is_its_cause_in_one_line(spark, lake, instance) -> None:
+    """The step IO manager (``@processor_asset``): a failure in ``handle_output`` (between a
+    fork's commits) gives the same one-line headline, not Dagster's "Error occurred while
+    handling output"."""
+    from cues_platform.dagster import CuesSparkResource, LakeResource, build_definitions
+    from cues_platform.processing.runner import create_queues
+    from tests.dagster.test_function_assets import function_face, materialize_until_idle
+    from tests.processing import graphs as matrix
+
+    graph = function_face(matrix.build_graph("fork", "output"))
+    create_queues(graph, lake)
+    matrix.load_inputs(lake, "fork")
+    fdefs = build_definitions(graph, lake=LakeResource(root=lake.root), spark=CuesSparkResource())
+    config = {"ops": {matrix.PID: {"config": {"inject_failure_at": "between_commits",
+                                              "inject_failure_step": 1}}}}
+    failed = materialize_until_idle(fdefs, instance, run_config=config)[-1]
+    assert not failed.success
+    data = _step_failure(failed)
+    description = data.user_failure_data.description
+    assert description.startswith("InjectedFailure: injected failure at between_commits of step 1"), description
+    assert data.error.cls_name == "Failure" and "InjectedFailure" in _causes(data.error)
+    materialize_until_idle(fdefs, instance)
+    matrix.check_exact(lake, "fork", "output")
