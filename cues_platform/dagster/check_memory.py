@@ -13,11 +13,13 @@ metadata of its own latest evaluation in Dagster's event log (so the UI shows th
   before any evaluation judged them (only a quarantine, which acknowledges them, closes them).
 
 Who owns it: the Dagster instance's event log (the check writes it, as the metadata of each
-evaluation; nothing else does). What deletes it: deleting the runs that hold the evaluations
-(``dagster run delete``, a wiped instance or ``DAGSTER_HOME``). Then the check reads the newest
-evaluation still stored (it walks the history back) and, with none left, starts again from
-offset 0: it judges every row still in the queue and keeps the rows retention removed before it
-as ``open_unjudged`` (never green on rows no check saw). Losing the memory can only make the
+evaluation; nothing else does), kept in the asset check execution records. What deletes it:
+wiping the asset (``instance.wipe_assets``, the UI's "Wipe materializations", ``dagster asset
+wipe``) or the instance (a new ``DAGSTER_HOME``); deleting runs does not (dagster 1.13 keeps the
+check execution records of a deleted run). Then the check reads the newest evaluation still
+stored (it walks the history back) and, with none left, starts again from offset 0: it judges
+every row still in the queue and keeps the rows retention removed before it as ``open_unjudged``
+(never green on rows no check saw). Losing the memory can only make the
 check judge more, never less. Two evaluations at once both start from the same memory: each
 covers from there, whichever is stored last is the memory.
 """

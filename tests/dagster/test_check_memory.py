@@ -25,6 +25,9 @@ from cues_platform.dagster.check_memory import (
     union,
 )
 from cues_platform.dagster.check_quarantine import QUARANTINE_PROCESSOR, quarantine, quarantine_runs
+from cues_platform.processing.retention import retain
+from cues_platform.processing.runner import GraphRunner
+from cues_platform.queues.retention import set_policy
 from tests.dagster.conftest import assets_of, resources_of
 from tests.dagster.graphs import build_graph, load_orders
 from tests.support import rows
@@ -155,3 +158,85 @@ def test_a_red_contract_stays_red_across_a_no_op_run_and_a_reexecution_until_qua
     materialized = {e.asset_key for e in green.all_events if e.event_type_value == "ASSET_MATERIALIZATION"}
     assert {AssetKey("big"), AssetKey("small")} <= materialized
     assert _check_only(_defs(lake, build_graph()), instance)["enriched"][0]  # and it stays green
+
+
+# -- rows from outside Dagster, retention, a lost memory -----------------------------------------
+def test_rows_cues_run_wrote_are_judged_next_and_retention_or_a_lost_memory_never_turn_them_green(
+        lake, spark, instance) -> None:
+    """While Dagster is idle, ``cues run`` (a GraphRunner) delivers rows: the next check judges
+    exactly them. Retention then removes failing rows and rows no evaluation saw: they stay open
+    (ERROR, WARN) until quarantined, and rows judged before are not claimed again. Deleting the runs
+    keeps the memory; wiping the asset deletes it and the check judges from offset 0, claiming no
+    row it cannot see."""
+    graph = build_graph()
+    defs = _defs(lake, graph)
+    load_orders(lake)
+    assert materialize(assets_of(defs), resources=resources_of(defs), instance=instance).success
+
+    lake.queue("orders").append(rows(30, 10), partition="0")  # enriched ids 60..78 at offsets 30..39
+    GraphRunner(graph=graph, lake=lake, spark=spark).run_until_idle()
+    strict = _defs(lake, _with_contracts(graph, enriched=_strict(70)))  # a contract made stricter
+    passed, severity, meta = _check_only(strict, instance)["enriched"]
+    assert (passed, severity) == (False, AssetCheckSeverity.ERROR)
+    assert meta["judged_ranges"] == {"0": [[30, 40]]} and meta["rows_checked"] == 10
+    assert meta["cues/open_failing"] == {"0": [[36, 40]]}  # ids 72, 74, 76, 78
+
+    lake.queue("orders").append(rows(40, 10), partition="0")  # offsets 40..49, read by split
+    GraphRunner(graph=graph, lake=lake, spark=spark).run_until_idle()
+    enriched = lake.queue("enriched")
+    set_policy(enriched, ms=0, bytes=None)
+    retain(enriched)
+    assert lake.queue("enriched").start_offset("0") == 50
+    passed, severity, meta = _check_only(strict, instance)["enriched"]
+    assert (passed, severity, meta["rows_checked"]) == (False, AssetCheckSeverity.ERROR, 0)
+    assert meta["cues/open_failing"] == {"0": [[36, 40]]}  # failing, then removed: still open
+    assert meta["cues/open_unjudged"] == {"0": [[40, 50]]} == meta["retained_away"]  # never judged
+    assert "never judged" in meta["note"]
+
+    for runs in (meta["cues/open_failing"], meta["cues/open_unjudged"]):
+        assert quarantine_runs(lake, error_queue="errors", queue="enriched", runs=runs, reason="gone") == 1
+    passed, severity, meta = _check_only(strict, instance)["enriched"]
+    assert passed and meta["closed_by_quarantine_rows"] == 14 and meta["cues/judged_to"] == {"0": 50}
+
+    for run in instance.get_runs():  # deleting runs keeps the check's execution records
+        instance.delete_run(run.run_id)
+    assert _check_only(strict, instance)["enriched"][0]
+    instance.wipe_assets([AssetKey("enriched")])  # wiping the asset deletes them: the memory is lost
+    passed, severity, meta = _check_only(strict, instance)["enriched"]
+    assert (passed, severity) == (False, AssetCheckSeverity.WARN)
+    assert meta["memory_from_run"].startswith("none")
+    assert meta["cues/open_unjudged"] == {"0": [[0, 36]]}  # what is gone and was not quarantined
+
+
+# -- recovery's rows, and every row covered --------------------------------------------------------
+def _judged_by_every_evaluation(instance, key: AssetCheckKey) -> dict:
+    records = instance.event_log_storage.get_asset_check_execution_history(key, limit=1000)
+    judged = [r.event.dagster_event.event_specific_data.metadata["judged_ranges"].value
+              for r in records if r.event is not None and r.event.dagster_event.event_type_value
+              == "ASSET_CHECK_EVALUATION"]
+    return union(*judged)
+
+
+def test_rows_recovery_rolled_forward_are_judged_and_every_committed_row_is_covered(lake, spark, instance) -> None:
+    """A run fails between the fork's commits (``small`` has step 1, ``big`` not); the next run's
+    recovery rolls ``big`` forward. Every committed row of every checked queue is judged by some
+    evaluation, the rows the failed attempt committed included."""
+    ok = pap.DataFrameSchema({"id": pap.Column("int64", pap.Check.ge(0)), "note": pap.Column(str, nullable=True)})
+    graph = _with_contracts(build_graph(), big=ok, small=ok)
+    defs = _defs(lake, graph)
+    load_orders(lake)
+    fault = {"ops": {"split": {"config": {"inject_failure_at": "between_commits", "inject_failure_step": 1}}}}
+    failed = materialize(assets_of(defs), resources=resources_of(defs), instance=instance, run_config=fault,
+                         raise_on_error=False)
+    assert not failed.success
+    small_before = lake.queue("small").end_offsets()
+    assert small_before["0"] > 0 and 30 not in [i for i in lake.queue("big").read_arrow(partition="0")["id"].to_pylist()]
+
+    again = materialize(assets_of(defs), resources=resources_of(defs), instance=instance)
+    assert again.success
+    small = _contracts(again)["small"][2]
+    assert small["judged_ranges"] == {"0": [[0, small_before["0"]]]}  # the failed attempt's rows too
+    for q in ("enriched", "big", "small"):
+        end = lake.queue(q).end_offsets()["0"]
+        assert end > 0
+        assert _judged_by_every_evaluation(instance, AssetCheckKey(AssetKey(q), "contract")) == {"0": [[0, end]]}, q
