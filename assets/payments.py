@@ -1,6 +1,9 @@
 """The payments graph as Dagster assets: one asset per processor output queue (a multi-asset for
 the ``validate`` fork), the external ``postings`` queue, blocking contract / exactly-once checks,
-new-data, sink and recovery sensors, the job ``payments__all`` and its schedule."""
+the new-data and sink sensors (on the lag: a drained lake launches no run), the on-demand sensor
+of ``fx`` (runs it when ``convert`` waits for a fixing, not every 15 minutes), the recovery
+sensor, one job per processor (``payments__<processor>``: what the sensors' runs are named), the
+job ``payments__all`` and its schedule (a skip on a drained lake)."""
 
 from __future__ import annotations
 

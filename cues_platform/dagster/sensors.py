@@ -251,12 +251,22 @@ def failed_run_assets(instance: Any, run: Any, ours: set[AssetKey]) -> list[Asse
     return sorted(planned - done, key=lambda k: k.to_user_string())
 
 
+def recovery_job_name(graph: Graph) -> str:
+    """``{graph}__recover``: the job the recovery sensor's runs carry (a subset of it)."""
+    return f"{graph.name}__recover"
+
+
 def build_recovery_sensor(graph: Graph, *, prefix: Sequence[str] = (), max_attempts: int = 3,
                           minimum_interval_seconds: int = 30,
                           default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING) -> Any:
     ours: set[AssetKey] = {k for p in graph.processors.values() for k in processor_keys(p, prefix)}
 
-    @sensor(name=f"{graph.name}__recovery", target=AssetSelection.assets(*ours),
+    job = define_asset_job(recovery_job_name(graph), selection=AssetSelection.assets(*ours),
+                           description=f"recovery runs of graph {graph.name!r}: the processor assets a "
+                                       "failed run did not materialize",
+                           tags={"cues/graph": graph.name})
+
+    @sensor(name=f"{graph.name}__recovery", target=job,
             minimum_interval_seconds=minimum_interval_seconds, default_status=default_status,
             description="On an instance without run retries: after a run of this graph's processor "
                         "assets fails, launches one recovery run of the assets it did not "

@@ -155,3 +155,5 @@ def test_sensor_runs_carry_the_processor_job_name(defs) -> None:
     assert repo.get_sensor_def("shop__split__new_data").job_name == "shop__split"
     job = repo.get_job("shop__split")
     assert {k.to_user_string() for k in job.asset_layer.executable_asset_keys} == {"big", "small"}
+    assert repo.get_sensor_def("shop__recovery").job_name == "shop__recover"
+    assert not [j.name for j in repo.get_all_jobs() if j.name.startswith("__anonymous")]
