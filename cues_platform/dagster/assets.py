@@ -227,7 +227,7 @@ def build_processor_asset(graph: Graph, proc: Processor, *, prefix: Sequence[str
             if idle is not None:
                 # nothing to read and nothing to recover: no recovery, so no fencing commit
                 lanes[lane_id] = step_metadata(runner.graph, lane, lake=lake, stepper=idle, results=[],
-                                               stopped=IDLE_STOP, found=found,
+                                               stopped=_bound_at_start(config) or IDLE_STOP, found=found,
                                                elapsed=time.monotonic() - started)
                 continue
             stopped = drive(runner, lane_id, config)
@@ -261,6 +261,15 @@ class _IdleLane:
 
     positions: dict[str, int]
     pending: None = None
+
+
+def _bound_at_start(config: ProcessorRunConfig) -> str | None:
+    """The bound ``drive`` would stop at before a first step (a zero bound), as it says it."""
+    for name, value in (("max_steps", config.max_steps), ("max_rows", config.max_rows),
+                        ("max_seconds", config.max_seconds)):
+        if value is not None and value <= 0:
+            return name
+    return None
 
 
 def idle_lane(lake: Any, lane: Processor) -> _IdleLane | None:
