@@ -18,6 +18,12 @@ NOT_CUES_ERRORS = {
     "cues_platform.processing.step.StepFailure":
         "internal carrier of a user's exception between the steppers' phases; never escapes them",
     "cues_platform.dagster.checks.RangesNotRecorded": "raised and caught inside dagster/checks.py",
+    "cues_platform.queues.coordinator.AlreadyDecided":
+        "a guard's signal inside a coordinator decision, caught by coordinator.py and "
+        "transactions.py; never raised out of queues/",
+    "cues_platform.queues.coordinator.PastDeadline":
+        "a guard's signal inside a coordinator decision, caught by transactions.py; never raised "
+        "out of queues/",
     "cues_platform.jepsen.workload.Rejected":
         "the fault harness's stand-in for a *user's* exception: the platform must treat it as the "
         "user's, so it must not be one of the platform's",

@@ -201,12 +201,15 @@ def _check_results(defs, instance) -> dict[str, tuple[bool, Any, dict]]:
             for e in result.get_asset_check_evaluations()}
 
 
-def test_checks_rerun_after_retention_judge_what_is_left_and_never_pass_on_what_is_gone(
+def test_checks_rerun_after_retention_reopen_no_judged_row_and_claim_no_removed_one(
         defs, lake, instance) -> None:
     """Every processor read ``enriched`` to 30; a tailer holds it at 20. With retention 0 ms the
-    maintenance job moves its start to 20: the checks run again judge [20, 30) and fail as a
-    WARN naming [0, 20) as not re-checkable (not green, not a red ERROR with a stack). The
-    tailer reads on; the next maintenance removes everything: nothing judged, still WARN."""
+    maintenance job moves its start to 20. ``contract`` judged every row when it arrived (its
+    memory: ``cues/judged_to``), so retention re-opens nothing: it passes, judging nothing new,
+    and never claims the removed rows. ``outside_protocol`` still looks at the latest
+    materialization and says WARN with the retained range. The tailer reads on; the next
+    maintenance removes everything: ``contract`` still passes on nothing new. (Rows retention
+    removes *before* any evaluation judged them: tests/dagster/test_check_memory.py.)"""
     load_orders(lake)
     assert materialize(assets_of(defs), resources=resources_of(defs), instance=instance).success
     enriched = lake.queue("enriched")
@@ -219,10 +222,9 @@ def test_checks_rerun_after_retention_judge_what_is_left_and_never_pass_on_what_
 
     checks = _check_results(defs, instance)
     passed, severity, meta = checks["contract"]
-    assert (passed, severity) == (False, AssetCheckSeverity.WARN)
-    assert meta["judged_ranges"] == {"0": [0, 30]} and meta["rows_checked"] == 10
-    assert meta["retained_away"] == {"0": [0, 20]} and meta["failed_checks"] == []
-    assert meta["note"].startswith("not re-checkable: the rows at offsets 0: [0, 20) were removed")
+    assert (passed, severity) == (True, AssetCheckSeverity.ERROR)
+    assert meta["judged_ranges"] == {} and meta["rows_checked"] == 0 and "retained_away" not in meta
+    assert meta["cues/judged_to"] == {"0": 30}
     passed, severity, meta = checks["outside_protocol"]
     assert (passed, severity, meta["rows"]) == (False, AssetCheckSeverity.WARN, 0)
     assert meta["retained_away"] == {"0": [0, 20]}
@@ -232,8 +234,7 @@ def test_checks_rerun_after_retention_judge_what_is_left_and_never_pass_on_what_
     assert _run(lake, instance).success
     assert lake.queue("enriched").start_offset("0") == 30
     passed, severity, meta = _check_results(defs, instance)["contract"]
-    assert (passed, severity, meta["rows_checked"]) == (False, AssetCheckSeverity.WARN, 0)
-    assert meta["retained_away"] == {"0": [0, 30]}
+    assert (passed, meta["rows_checked"]) == (True, 0) and "retained_away" not in meta
 
 
 def test_each_lake_resource_gets_its_own_job_in_one_code_location(tmp_path, instance) -> None:

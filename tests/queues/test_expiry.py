@@ -227,13 +227,15 @@ def test_an_expired_queue_marker_is_resolved_from_the_coordinator(lake) -> None:
     age_commits()
     txp = TransactionalProducer(lake, transactional_id="t1")
     txp.init_transactions()
-    txp.begin()
+    committed = txp.begin()
     txp.send(q, rows(0, 2), partition="0")
     txp.commit()
-    txp.begin()
+    aborted = txp.begin()
     txp.send(q, rows(5, 1), partition="0")
     txp.abort()
-    wait_expired(q, "pepoch:txn:t1")
+    # each id expires MARGIN_S after its own write: the abort's marker is the last one written
+    for app_id in ("pepoch:txn:t1", f"txn:{committed}", f"txn:{aborted}"):
+        wait_expired(q, app_id)
     checkpoint(q)
     assert not [t for t in checkpoint_txns(q.uri) if t["appId"].startswith("txn:")]
     fresh = lake.queue("events")
