@@ -150,7 +150,8 @@ def test_a_join_waiting_for_its_source_runs_the_source_not_the_join(lake, instan
     assert graph_work(lake, graph) == {"price": "lag 6 on {'orders': 5, 'quotes': 1}"}
 
 
-def test_sensor_runs_carry_the_processor_job_name(defs) -> None:
+def test_sensor_runs_carry_the_processor_job_name(defs, instance) -> None:
+    """(``instance``: Dagster loads definitions against the current instance.)"""
     repo = defs.get_repository_def()
     assert repo.get_sensor_def("shop__split__new_data").job_name == "shop__split"
     job = repo.get_job("shop__split")
