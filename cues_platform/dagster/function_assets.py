@@ -28,7 +28,7 @@ from dagster import (
 )
 
 from cues_platform.dagster.keys import queue_key
-from cues_platform.dagster.materialize import FaultConfig
+from cues_platform.dagster.materialize import FaultConfig, failure_headline
 from cues_platform.dagster.step_io import (
     STEP_BINDING,
     STEP_IO_KEY,
@@ -63,7 +63,8 @@ def build_function_asset(graph: Graph, proc: Processor, *, specs: Sequence[Any],
         if phased.snapshot is not None:
             ctx = dataclasses.replace(phased.context(), host=context,
                                       resources={k: getattr(context.resources, k) for k in keys})
-            phased.call(ctx)
+            with failure_headline(proc.id):  # a failure's headline is its cause in one line
+                phased.call(ctx)
         for out_name in outs:
             yield Output(StepOutcome(run), output_name=out_name)
 

@@ -76,7 +76,7 @@ def load_definitions(project: Path) -> Any:
 def run_main_job(*, project: Path, lake: Any, graph: Any, days: Sequence[date], console: Any,
                  max_runs: int = MAX_RUNS) -> list[str]:
     """Steps 1-2 of the module docstring; returns the run ids, in order."""
-    from dagster import AssetKey, DagsterInstance
+    from dagster import AssetKey, DagsterInstance, DynamicPartitionsDefinition
 
     home = dagster_home(project)
     defs = load_definitions(project)
@@ -101,7 +101,12 @@ def run_main_job(*, project: Path, lake: Any, graph: Any, days: Sequence[date], 
             execute(job, f"run {n} of job {JOB_NAME}")
             if _offsets(lake, graph) == before:  # no message moved (a run's fences commit nothing readable)
                 break
-        # Step 2
+        # Step 2: the report's days are dynamic partitions (assets/settlement.py): add the demo's
+        pdef = defs.resolve_assets_def(AssetKey(REPORT_ASSET)).partitions_def
+        if isinstance(pdef, DynamicPartitionsDefinition):
+            keys = [d.isoformat() for d in days]
+            instance.add_dynamic_partitions(
+                pdef.name, [k for k in keys if not instance.has_dynamic_partition(pdef.name, k)])
         report_job = defs.resolve_implicit_global_asset_job_def()
         for day in days:
             execute(report_job, f"{REPORT_ASSET} for {day.isoformat()}", asset_selection=[AssetKey(REPORT_ASSET)],

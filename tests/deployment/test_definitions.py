@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from dagster import AssetKey, DailyPartitionsDefinition
+from dagster import AssetKey, DynamicPartitionsDefinition
 
 from tests.support import ROOT
 
@@ -114,12 +114,12 @@ def test_participants_from_env_without_database(monkeypatch, tmp_path: Path) -> 
         parse_participants("bank-a:producer,bank_a:consumer")
 
 
-def test_settlement_report_is_daily_partitioned() -> None:
+def test_settlement_report_is_partitioned_by_the_value_dates_that_exist() -> None:
     repo = _repo()
     report = repo.assets_defs_by_key[AssetKey("settlement_report")]
-    assert isinstance(report.partitions_def, DailyPartitionsDefinition)
-    keys = report.partitions_def.get_partition_keys()
-    assert "2026-11-20" in keys and "2026-11-21" in keys
+    assert isinstance(report.partitions_def, DynamicPartitionsDefinition)
+    assert report.partitions_def.name == "settlement_days"
+    assert {"settlement_days", "settlement_report_automation"} <= {s.name for s in repo.sensor_defs}
 
 
 def test_resources_one_per_key() -> None:

@@ -25,6 +25,11 @@ PROCESSOR_ASSETS = {"fx_rates", "instructions", "parsed", "priced", "results", "
                     "malformed", "ledger"}
 RUN_TIMEOUT = 420.0
 
+ADD_PARTITION = """
+mutation($r: RepositorySelector!, $n: String!, $k: String!) {
+  addDynamicPartition(repositorySelector: $r, partitionsDefName: $n, partitionKey: $k) { __typename }
+}
+"""
 LAUNCH = """
 mutation($executionParams: ExecutionParams!) {
   launchRun(executionParams: $executionParams) {
@@ -129,6 +134,12 @@ def test_settlement_partition_rerun_from_the_ui_never_doubles(webserver: Webserv
     lake = Lake(root=webserver.lake_root)
     assert lake.queue("results").count() > 0, "needs the runs of the test above"
     day = "2026-11-20"
+    # the report's days are dynamic partitions (the value dates in results): add the day as the
+    # UI's "Add partition" does (the settlement_days sensor does it when the daemon runs)
+    added = webserver.graphql(ADD_PARTITION, {
+        "r": {"repositoryLocationName": LOCATION, "repositoryName": "__repository__"},
+        "n": "settlement_days", "k": day})["addDynamicPartition"]
+    assert added["__typename"] in ("AddDynamicPartitionSuccess", "DuplicateDynamicPartitionError"), added
     selector = {"repositoryLocationName": LOCATION, "repositoryName": "__repository__",
                 "jobName": "__ASSET_JOB", "assetSelection": [{"path": ["settlement_report"]}]}
     params = {"selector": selector, "runConfigData": {},

@@ -128,7 +128,7 @@ README_TESTS = "tests/docs/test_readme_examples.py"
 DOCS_TESTS = "tests/docs/test_docs_examples.py"
 MAIN_JOB = "tests/reference/test_main_job.py"
 
-DAGSTER_DEV = "DAGSTER_HOME=$PWD/dagster_home .venv/bin/dagster dev -h 127.0.0.1 -w workspace.yaml"
+DAGSTER_DEV = "DAGSTER_HOME=$PWD/dagster_home .venv/bin/dagster dev -h 127.0.0.1 -w workspace.yaml --log-level warning"
 MATERIALIZE_DAY = ("DAGSTER_HOME=$PWD/dagster_home .venv/bin/dagster asset "
                    "materialize -f definitions.py --select settlement_report --partition 2026-11-21")
 AUDIT = "cues audit --lake ./lake"

@@ -99,12 +99,14 @@ def _report_rows(lake: Lake, day: str) -> list[dict]:
 def _materialize(lake: Lake, db: LedgerDB, day: str, instance: Any) -> Any:
     from dagster import AssetKey, materialize
 
+    from assets.settlement import add_report_days
     from assets.settlement import settlement_report as report_asset
     from cues_platform.dagster import CuesSparkResource, LakeResource, build_definitions
     from resources import LedgerResource
 
     defs = build_definitions(payments_graph(), lake=LakeResource(root=lake.root), spark=CuesSparkResource(),
                              resources={"ledger": LedgerResource(dsn=db.dsn, ledger_schema=db.schema)})
+    add_report_days(instance, lake)  # the report's days are the value dates in results
     return materialize([*defs.assets, report_asset], selection=[AssetKey("settlement_report")],
                        partition_key=day, resources=dict(defs.resources), instance=instance)
 
