@@ -7,7 +7,10 @@ Dagster's own phases:
 1. ``load_input`` (first input of the op): recovery through the ``backing`` resource (fence,
    roll a prepared attempt forward), then step 1 (the snapshot: ranges and delivery hash) and the
    read; every input gets its binding's lazy Spark frame of that snapshot. No new input: the
-   frames are None and the body does not call the function.
+   frames are None and the body does not call the function. An exactly-once lane with no unread
+   row and nothing to recover (``processing/idle.py``; no fault injection configured) is not even
+   started: no recovery, so no fencing commit: a materialization with nothing to do commits
+   nothing (as the runner face's ``assets.idle_lane``).
 2. The asset body (``function_assets.py``): the user's function on the frames; its own
    exception is a handled error (the error queue), anything else fails the op.
 3. ``handle_output`` (first output): step 3 (the Spark plan runs, rows are conformed to the
@@ -44,6 +47,8 @@ from cues_platform.dagster.resources import BackingQueueResource, describe_recor
 from cues_platform.errors import ConfigurationError
 from cues_platform.processing.graph import Graph, Processor
 from cues_platform.processing.home import home_of
+from cues_platform.processing.idle import lane_work
+from cues_platform.processing.model import Kind, Strategy
 from cues_platform.processing.phased import PhasedStep
 from cues_platform.processing.step import StepResult
 
@@ -60,6 +65,23 @@ class FunctionTarget:
     prefix: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class IdleLane:
+    """What the metadata reads of a stepper (``positions``, ``pending``), for a lane not started."""
+
+    positions: dict[str, int]
+    pending: None = None
+
+
+def idle_positions(lake: Any, proc: Processor) -> IdleLane | None:
+    """The positions of an exactly-once processor with inputs that has no unread row and nothing
+    to recover, else None (it is started: recovery, then a step if its input allows one)."""
+    if proc.strategy is not Strategy.EXACTLY_ONCE or not proc.inputs or proc.kind is Kind.SOURCE:
+        return None
+    work = lane_work(lake, proc)
+    return None if work.has_work else IdleLane(dict(work.positions))
+
+
 @dataclass
 class StepRun:
     """One materialization's step, from ``load_input`` to ``handle_output``."""
@@ -69,6 +91,7 @@ class StepRun:
     before: dict[str, dict[str, int]]  # output queue -> end offsets before recovery
     found: dict[str, Any]  # the last backing record recovery found, in words
     rolled: bool  # recovery had an undelivered attempt to roll forward
+    idle: IdleLane | None = None  # not started: nothing to read, nothing to recover
     started: float = field(default_factory=time.monotonic)
     results: list[StepResult] | None = None
 
@@ -135,10 +158,13 @@ class CuesStepIOManager(CuesIOManager):
         backing = getattr(phased.stepper, "backing", None)
         last = backing.last_record() if backing is not None else None
         outputs = sorted({o.queue for o in proc.outputs.values()})
+        # with a fault injected the step starts anyway: its recovery points are the test's target
+        idle = idle_positions(lake, proc) if not config.inject_failure_at else None
         run = StepRun(target, phased, before={q: lake.queue(q).end_offsets() for q in outputs},
                       found=describe_record(last),
-                      rolled=pending_delivery(lake, proc.id, last, home=home_of(proc)))
-        phased.start()
+                      rolled=pending_delivery(lake, proc.id, last, home=home_of(proc)), idle=idle)
+        if idle is None:
+            phased.start()
         return run
 
     def handle_output(self, context: OutputContext, obj: Any) -> None:
@@ -152,7 +178,7 @@ class CuesStepIOManager(CuesIOManager):
         self._open.pop((context.run_id, context.step_key, _attempt(context)), None)
         graph, proc = run.target.graph, run.target.processor
         lake = run.phased.stepper.lake
-        meta = step_metadata(graph, proc, lake=lake, stepper=run.phased.stepper, results=results,
+        meta = step_metadata(graph, proc, lake=lake, stepper=run.idle or run.phased.stepper, results=results,
                              stopped="one step" if results else "no new input", found=run.found,
                              elapsed=time.monotonic() - run.started)
         queue = (context.definition_metadata or {}).get(QUEUE_METADATA)
@@ -177,5 +203,5 @@ def _attempt(context: OutputContext) -> int:
     return context.step_context.previous_attempt_count
 
 
-__all__ = ["STEP_BINDING", "STEP_IO_KEY", "CuesStepIOManager", "FunctionTarget", "StepInput",
-           "StepOutcome", "StepRun", "target_of"]
+__all__ = ["STEP_BINDING", "STEP_IO_KEY", "CuesStepIOManager", "FunctionTarget", "IdleLane", "StepInput",
+           "StepOutcome", "StepRun", "idle_positions", "target_of"]
