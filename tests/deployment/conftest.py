@@ -58,3 +58,46 @@ def webserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webserver]:
                 proc.wait(timeout=30)
         if not os.environ.get(DSN_ENV, "").strip():
             stop_embedded_postgres(pg_dir)
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webserver]:
+    """``dagster dev`` as a data engineer starts it: the webserver AND the daemon (sensors, schedules,
+    the queued run coordinator of ``dagster.yaml``: one run at a time), on a temporary copy of
+    ``dagster_home/`` (sqlite), a temporary lake with the payments graph's queues created and empty
+    (a drained lake), the participants' lake and databases and the ledger's PostgreSQL in temporary
+    folders. Automation is on as deployed: every sensor and schedule keeps its default status."""
+    from cues_platform.processing.runner import create_queues
+    from cues_platform.queues import Lake
+    from cues_platform.reference.pipeline import payments_graph
+
+    tmp = tmp_path_factory.mktemp("deployment")
+    home = tmp / "dagster_home"
+    shutil.copytree(ROOT / "dagster_home", home, ignore=shutil.ignore_patterns("history", "storage", "schedules",
+                                                                              "logs", ".*"))
+    lake_root = str(tmp / "lake")
+    create_queues(payments_graph(), Lake(root=lake_root))
+    pg_dir = tmp / "postgres"
+    env = {**os.environ, "DAGSTER_HOME": str(home), "CUES_LAKE": lake_root, "CUES_POSTGRES_DIR": str(pg_dir),
+           "CUES_PARTICIPANTS_LAKE": str(tmp / "lake-participants"),
+           "CUES_PARTICIPANTS_DATA": str(tmp / "participants"), "PYTHONPATH": str(ROOT)}
+    port = free_port()
+    log = tmp / "dagster-dev.log"
+    dagster_bin = Path(sys.executable).parent / "dagster"
+    with log.open("w") as out:
+        proc = subprocess.Popen([str(dagster_bin), "dev", "-h", "127.0.0.1", "-p", str(port), "-w", "workspace.yaml"],
+                                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    server = Webserver(f"http://127.0.0.1:{port}", proc, log, lake_root, pg_dir, home)
+    try:
+        wait_until_up(server)
+        yield server
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)  # dagster dev, its webserver, daemon and code servers
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+        if not os.environ.get(DSN_ENV, "").strip():
+            stop_embedded_postgres(pg_dir)

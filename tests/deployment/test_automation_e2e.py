@@ -1,0 +1,169 @@
+"""Automation end to end on a real ``dagster dev`` (webserver + daemon, fixture ``deployment``):
+issue 25's checks "a drained deployment launches 0 runs" and "new postings reach ``results``
+without any schedule tick".
+
+Proved by the instance's own records (the sqlite run storage and the sensors' tick records of the
+deployment's ``DAGSTER_HOME``, read from this process), not by sleeping and hoping: the window
+counts runs AND asserts every running sensor ticked enough times in it, each tick launching
+nothing. CI: a 90 s window (three sensor intervals); ``CUES_SOAK=1``: 5 minutes.
+
+Schedules that run whatever the lake holds are stopped first, and said so: ``participants__schedule``
+(every 5 minutes, it publishes what a producer's database recorded, which no queue shows) and the
+nightly maintenance schedules. ``payments__schedule`` stays on in the drained window (it skips a
+drained lake) and is stopped for the postings test, which must be carried by sensors alone.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from unittest.mock import patch
+
+import pytest
+from dagster import DagsterInstance, DagsterRunStatus
+from dagster._core.scheduler.instigation import InstigatorType, TickStatus
+
+from cues_platform.queues import Lake
+from cues_platform.reference.generator import TrafficSpec, generate
+from cues_platform.reference.job import reconcile
+from tests.deployment.support import DeploymentTestError, Webserver
+from tests.support import soak_enabled
+
+WINDOW = 300.0 if soak_enabled() else 90.0  # seconds of a drained deployment watched
+FIRST_TICKS = 300.0  # the daemon loads the code location (Dagster, pyspark, the assets) before its first ticks
+FLOW = 900.0  # postings to results: each sensor run is a process starting its own Spark, one at a time
+POLL = 2.0
+# run whatever the lake holds (not data-triggered): stopped for both tests, and said so above
+UNCONDITIONAL = ("participants__schedule", "cues_maintenance__schedule", "cues_maintenance_participants__schedule")
+
+AUTOMATION = """{ repositoriesOrError { ... on RepositoryConnection { nodes {
+    sensors { name minIntervalSeconds sensorState { status } }
+    schedules { id name cronSchedule scheduleState { status } } } } } }"""
+STOP_SCHEDULE = """mutation($id: String) { stopRunningSchedule(id: $id) { __typename
+    ... on ScheduleStateResult { scheduleState { status } } ... on PythonError { message } } }"""
+
+
+@contextmanager
+def instance_of(deployment: Webserver) -> Iterator[DagsterInstance]:
+    """The deployment's instance (its ``dagster.yaml`` reads ``DAGSTER_HOME``), opened in this process."""
+    with patch.dict(os.environ, {"DAGSTER_HOME": str(deployment.home)}), \
+            DagsterInstance.from_config(str(deployment.home)) as instance:
+        yield instance
+
+
+def automation(deployment: Webserver) -> tuple[dict[str, dict], dict[str, dict]]:
+    """The code location's sensors and schedules by name, as the UI lists them."""
+    (repo,) = deployment.graphql(AUTOMATION)["repositoriesOrError"]["nodes"]
+    return {s["name"]: s for s in repo["sensors"]}, {s["name"]: s for s in repo["schedules"]}
+
+
+def stop_schedules(deployment: Webserver, names: list[str]) -> None:
+    _, schedules = automation(deployment)
+    for name in names:
+        out = deployment.graphql(STOP_SCHEDULE, {"id": schedules[name]["id"]})["stopRunningSchedule"]
+        if out["__typename"] != "ScheduleStateResult" or out["scheduleState"]["status"] != "STOPPED":
+            raise DeploymentTestError(f"could not stop the schedule {name}: {out}")
+    _, schedules = automation(deployment)
+    assert {n: schedules[n]["scheduleState"]["status"] for n in names} == dict.fromkeys(names, "STOPPED")
+
+
+def ticks(instance: DagsterInstance, kind: InstigatorType, *, after: float) -> dict[str, list[Any]]:
+    """Every tick record after ``after`` (epoch seconds) of every instigator of ``kind``, by name."""
+    out: dict[str, list[Any]] = {}
+    for state in instance.all_instigator_state(instigator_type=kind):
+        out[state.instigator_name] = instance.get_ticks(state.instigator_origin_id, state.selector_id,
+                                                        after=after)
+    return out
+
+
+def running_sensors(deployment: Webserver) -> dict[str, int]:
+    """Name -> minimum interval (s) of every sensor on by default."""
+    sensors, _ = automation(deployment)
+    return {n: s["minIntervalSeconds"] for n, s in sensors.items() if s["sensorState"]["status"] == "RUNNING"}
+
+
+def wait_for_first_ticks(deployment: Webserver, instance: DagsterInstance, sensors: dict[str, int]) -> None:
+    deadline = time.monotonic() + FIRST_TICKS
+    while True:
+        ticked = {n for n, t in ticks(instance, InstigatorType.SENSOR, after=0.0).items() if t}
+        if set(sensors) <= ticked:
+            return
+        if time.monotonic() > deadline:
+            raise DeploymentTestError(f"sensors without a tick after {FIRST_TICKS:.0f} s: "
+                                      f"{sorted(set(sensors) - ticked)}\n{deployment.tail()}")
+        time.sleep(POLL)  # polling the tick records, with a deadline
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(1200)  # the daemon's first ticks (bounded) + the window (5 minutes with CUES_SOAK=1)
+def test_a_drained_deployment_launches_no_run(deployment: Webserver) -> None:
+    sensors = running_sensors(deployment)
+    assert {"payments__intake__new_data", "payments__convert__new_data", "payments__fx__on_demand",
+            "payments__ledger__sink", "payments__recovery", "settlement_days",
+            "settlement_report_automation"} <= set(sensors), sorted(sensors)
+    stop_schedules(deployment, list(UNCONDITIONAL))
+    _, schedules = automation(deployment)
+    assert schedules["payments__schedule"]["scheduleState"]["status"] == "RUNNING"
+    with instance_of(deployment) as instance:
+        wait_for_first_ticks(deployment, instance, sensors)
+        start = time.time()
+        end = time.monotonic() + WINDOW
+        while time.monotonic() < end:  # watch the run storage for the whole window, failing at once
+            runs = instance.get_run_records()
+            assert not runs, [(r.dagster_run.job_name, r.dagster_run.tags) for r in runs]
+            time.sleep(POLL)
+        assert instance.get_runs_count() == 0
+        window = ticks(instance, InstigatorType.SENSOR, after=start)
+        # every running sensor ticked at its interval through the window, and no tick asked for a run
+        wanted = {n: max(1, int(WINDOW // interval) - 1) for n, interval in sensors.items()}
+        counts = {n: len(window.get(n, [])) for n in sensors}
+        short = {n: f"{counts[n]} ticks, wanted {wanted[n]}" for n in sensors if counts[n] < wanted[n]}
+        assert not short, short
+        statuses = Counter(t.status for n in sensors for t in window[n])
+        assert set(statuses) <= {TickStatus.SKIPPED}, (statuses, [(n, t.error) for n in sensors
+                                                                   for t in window[n] if t.error])
+        assert not [t.run_ids for n in sensors for t in window[n] if t.run_ids]
+        scheduled = ticks(instance, InstigatorType.SCHEDULE, after=start)
+        assert not [t.run_ids for ts in scheduled.values() for t in ts if t.run_ids]
+
+
+@pytest.mark.timeout(1200)  # FLOW, over pyproject's 600 s
+def test_new_postings_reach_results_through_sensors_alone(deployment: Webserver) -> None:
+    _, schedules = automation(deployment)
+    stop_schedules(deployment, [n for n, s in schedules.items() if s["scheduleState"]["status"] == "RUNNING"])
+    lake = Lake(root=deployment.lake_root)
+    with instance_of(deployment) as instance:
+        before = {r.dagster_run.run_id for r in instance.get_run_records()}
+        start = time.time()
+        # the participants' gateways post (what the `participant_traffic` asset and the demo call)
+        posted = generate(lake, TrafficSpec(messages=40, seed=5))
+        assert posted.postings == lake.queue("postings").count() > 0
+        deadline = time.monotonic() + FLOW
+        while True:
+            rec = reconcile(lake)
+            if rec.results > 0 and rec.results + sum(rec.malformed.values()) + rec.contract_breaks == rec.postings:
+                break
+            runs = [r for r in instance.get_run_records() if r.dagster_run.run_id not in before]
+            failed = [r.dagster_run for r in runs if r.dagster_run.status == DagsterRunStatus.FAILURE]
+            if failed:
+                raise DeploymentTestError(f"runs failed: {[(r.job_name, r.run_id) for r in failed]}\n"
+                                          f"{deployment.tail()}")
+            if time.monotonic() > deadline:
+                raise DeploymentTestError(
+                    f"postings not all in results after {FLOW:.0f} s: {rec.postings} postings, {rec.results} "
+                    f"results, malformed {dict(rec.malformed)}, {rec.contract_breaks} contract breaks; runs "
+                    f"{[(r.dagster_run.job_name, r.dagster_run.status.value) for r in runs]}\n{deployment.tail()}")
+            time.sleep(POLL)  # polling the queues, with a deadline
+        runs = [r.dagster_run for r in instance.get_run_records() if r.dagster_run.run_id not in before]
+        assert runs
+        # every run came from a sensor, none from a schedule, and no schedule ticked
+        assert not [r.tags for r in runs if "dagster/schedule_name" in r.tags]
+        launched_by = Counter(r.tags.get("dagster/sensor_name") for r in runs)
+        assert None not in launched_by, launched_by
+        assert {"payments__intake__new_data", "payments__fx__on_demand", "payments__convert__new_data",
+                "payments__validate__new_data"} <= set(launched_by), launched_by
+        assert not {n: t for n, t in ticks(instance, InstigatorType.SCHEDULE, after=start).items() if t}
