@@ -12,6 +12,11 @@ The function is called ``fn(ctx, **frames)``: ``ctx`` is the step's
 ``ctx.host``: Dagster's ``AssetExecutionContext`` in the asset body), every input binding a lazy
 Spark DataFrame of the step's range. One materialization is one step: ``batch_size`` offsets, or a
 backlog step up to ``max_batch_size`` (``processing/batching.py``).
+
+Kinds: map, join, alts, fork and sink (``@processor_asset``), and a source (a ``Processor`` of
+kind ``SOURCE`` with ``asset_body=AssetBody.FUNCTION``): it has no input for the step IO manager
+to load, so its body opens the step through that IO manager and calls ``fn(ctx)``. An imperative
+processor has no step to split in phases and is refused.
 """
 
 import dataclasses
@@ -38,7 +43,7 @@ from cues_platform.dagster.step_io import (
 )
 from cues_platform.processing.decorators import FUNCTION_KINDS, processor_asset
 from cues_platform.processing.errors import GraphError
-from cues_platform.processing.graph import Graph, Processor
+from cues_platform.processing.graph import Graph, Kind, Processor
 
 
 def build_function_asset(graph: Graph, proc: Processor, *, specs: Sequence[Any], prefix: Sequence[str],
@@ -46,7 +51,7 @@ def build_function_asset(graph: Graph, proc: Processor, *, specs: Sequence[Any],
                          resource_keys: Sequence[str], user_keys: Sequence[str]) -> Any:
     """The multi-asset of a function processor (``specs``: as the runner face's, one per output
     queue or one named after a sink)."""
-    if proc.kind not in FUNCTION_KINDS:
+    if proc.kind not in (*FUNCTION_KINDS, Kind.SOURCE):
         raise GraphError(f"processor {proc.id!r}: a {proc.kind.value} cannot have asset_body=function "
                          "(its function is not called on input ranges)", processor=proc.id)
     ins = {binding: AssetIn(key=queue_key(src.queue, prefix), input_manager_key=STEP_IO_KEY,
@@ -56,9 +61,16 @@ def build_function_asset(graph: Graph, proc: Processor, *, specs: Sequence[Any],
                 spec.replace_attributes(deps=[]), dagster_type=Any, io_manager_key=STEP_IO_KEY)
             for spec in specs}
     keys = tuple(user_keys)
+    target = FunctionTarget(graph, proc, tuple(prefix))
+    # a source has no input to load: its body opens the step through the step IO manager
+    opener = (STEP_IO_KEY,) if not ins else ()
 
     def _body(context: AssetExecutionContext, config: FaultConfig, **frames: StepInput):
-        run = next(iter(frames.values())).run
+        if frames:
+            run = next(iter(frames.values())).run
+        else:
+            with failure_headline(proc.id):
+                run = getattr(context.resources, STEP_IO_KEY).open_run(target, config)
         phased = run.phased
         if phased.snapshot is not None:
             ctx = dataclasses.replace(phased.context(), host=context,
@@ -69,9 +81,9 @@ def build_function_asset(graph: Graph, proc: Processor, *, specs: Sequence[Any],
             yield Output(StepOutcome(run), output_name=out_name)
 
     # what the step IO manager opens when it loads the op's inputs (step_io.target_of)
-    _body.cues_target = FunctionTarget(graph, proc, tuple(prefix))  # type: ignore[attr-defined]
+    _body.cues_target = target  # type: ignore[attr-defined]
     return multi_asset(name=proc.id, outs=outs, ins=ins, description=proc.doc or None,
-                       required_resource_keys={*resource_keys, *keys}, retry_policy=retry_policy,
+                       required_resource_keys={*resource_keys, *keys, *opener}, retry_policy=retry_policy,
                        can_subset=False, pool=pool, op_tags=dict(op_tags))(_body)
 
 

@@ -16,7 +16,14 @@ Dagster's own phases:
 3. ``handle_output`` (first output): step 3 (the Spark plan runs, rows are conformed to the
    queue) and the commit(s): for a map/join/alts, ONE Delta commit to the output queue carrying
    the rows with their delivery hash, the input positions and the step; a fork or a sink goes
-   through its attempt record in the backing queue. Later outputs of a fork report metadata only.
+   through its attempt record in the backing queue. Later outputs of a fork report metadata only:
+   every output queue of the step is committed in the FIRST ``handle_output`` (never one commit
+   per output handed over).
+
+A source has no input to load: its asset body opens the step (:meth:`CuesStepIOManager.open_run`:
+the saved step counter is the step), calls ``fn(ctx)``, and ``handle_output`` delivers each
+non-empty output in one commit per queue guarded by the step, then saves the counter
+(``processing/phased.py``).
 
 Abort between the phases (the op fails, the run process is killed, Dagster retries): nothing was
 committed that recovery does not resolve, exactly as a crash at the same hook point of
@@ -143,14 +150,16 @@ class CuesStepIOManager(CuesIOManager):
         run = self._open.get(key)
         if run is None:  # the op's first input opens the step; a join's second input reuses it
             target = target_of(context.op_def)
+            config = FaultConfig(**(context.step_context.op_config or {}))
             with failure_headline(target.processor.id):
-                run = self._open[key] = self._start(context, target)
+                run = self._open[key] = self.open_run(target, config)
         return StepInput(run, run.phased.frames.get(binding))
 
-    def _start(self, context: InputContext, target: FunctionTarget) -> StepRun:
+    def open_run(self, target: FunctionTarget, config: FaultConfig) -> StepRun:
+        """Open (recover, plan, read) the step of one materialization of ``target``: from the
+        first ``load_input``, or from the asset body of a source (which has no input to load)."""
         graph, proc = target.graph, target.processor
         lake = self.backing.lake.lake()  # the lake of the backing queues: the step's whole lake
-        config = FaultConfig(**(context.step_context.op_config or {}))
         holder: dict[str, Any] = {}
         phased = self.backing.open_step(graph=graph, processor=proc, spark=spark_session_of(self.spark),
                                         hook=fault_hook(config, proc.id, lambda: holder.get("stepper")))

@@ -18,6 +18,13 @@ On abort between the calls (the host process dies, Dagster fails the step, ``del
 called) the lake is exactly as after a crash at the same hook point of ``cues run``: nothing
 recorded before the commit (``snapshot_at=commit``) or a snapshot record a retry re-uses (a sink),
 so the next ``start`` re-plans or retries. Off by one: one ``PhasedStep`` is at most one step.
+
+A source (``processing/sources.py``) has no input ranges: ``start`` takes its saved step counter
+as the step (the snapshot has no inputs), ``call`` calls ``fn(ctx)`` (its exception is not handled:
+a source has no error queue, as under ``cues run``) and ``deliver`` appends each non-empty output
+in one commit per queue guarded by ``proc:{processor} = step``, then saves the next step number.
+``None`` (or only empty tables) is "nothing to produce now": nothing is written, not a step. A
+crash before the counter is saved calls the function again with the same ``ctx.step``.
 """
 
 from __future__ import annotations
@@ -30,10 +37,12 @@ from cues_platform.processing.backing import Snapshot
 from cues_platform.processing.deployments import check_and_record
 from cues_platform.processing.errors import GraphError
 from cues_platform.processing.graph import Graph
-from cues_platform.processing.model import Processor
+from cues_platform.processing.model import Kind, Processor
+from cues_platform.processing.outputs import commit_once, partitioned, split_outputs, to_arrow
 from cues_platform.processing.runner import create_queues
-from cues_platform.processing.step import Hook, StepBase, StepFailure, StepResult
-from cues_platform.processing.strategies import make_stepper
+from cues_platform.processing.sources import SourceStepper
+from cues_platform.processing.step import Hook, StepBase, StepFailure, StepResult, without_metadata
+from cues_platform.processing.strategies import STEPS_KEY, make_stepper
 from cues_platform.queues import Lake
 
 
@@ -59,14 +68,22 @@ class PhasedStep:
                              processor=processor.id)
         check_and_record(graph, lake, only=[processor.id])  # a changed graph: continued or refused
         create_queues(graph, lake)  # as GraphRunner does: a new lake needs no set-up
-        stepper = make_stepper(graph=graph, processor=processor, lake=lake, spark=spark,
-                               resources=resources, hook=hook)
+        if processor.kind is Kind.IMPERATIVE:
+            raise GraphError(f"processor {processor.id!r}: an imperative processor has no step to "
+                             "split in phases (it reads and appends itself); run it with its "
+                             "runner-face asset", processor=processor.id)
+        make = SourceStepper if processor.kind is Kind.SOURCE else make_stepper
+        stepper = make(graph=graph, processor=processor, lake=lake, spark=spark,
+                       resources=resources, hook=hook)
         return cls(stepper, None)
 
     def start(self) -> PhasedStep:
         """Recovery, step 1 and the read of step 2 (see the module docstring)."""
         # Step 0 (recovery)
         self.recovered = self.stepper.recover()
+        if self.is_source:  # its step: the saved step counter (recover read it)
+            self.snapshot = Snapshot(self.processor.id, self.stepper.next_step, {})
+            return self
         # an alts rotates its first choice by step number: each materialization is a new stepper,
         # so an in-memory cursor would always start at the first binding and could starve the rest
         self.stepper._alts_cursor = self.stepper.next_step % max(1, len(self.processor.inputs))
@@ -84,6 +101,10 @@ class PhasedStep:
     def processor(self) -> Processor:
         return self.stepper.processor
 
+    @property
+    def is_source(self) -> bool:
+        return self.processor.kind is Kind.SOURCE
+
     def context(self) -> Any:
         if self.snapshot is None:
             raise GraphError(f"processor {self.processor.id!r}: no open step (no input)",
@@ -96,6 +117,10 @@ class PhasedStep:
             return
         self.called = True
         if self.failure is not None:
+            return
+        if self.is_source:  # not classified: a source's exception fails the step, as in cues run
+            self.result = self.processor.fn(self.context() if context is None else context)
+            self.stepper.hook("after_function")
             return
         try:
             self.result = self.stepper.call(self.snapshot, self.frames, context)
@@ -114,11 +139,36 @@ class PhasedStep:
         if not self.called:
             raise GraphError(f"processor {self.processor.id!r}: step {self.snapshot.step} is "
                              "delivered before its function was called", processor=self.processor.id)
+        if self.is_source:
+            self.delivered = _deliver_source(self.stepper, self.snapshot, self.result)
+            return self.delivered
         # Step 3
         prepared = self.stepper.prepared(self.snapshot, result=self.result, failure=self.failure)
         # Steps 4-6
         self.delivered = self.stepper.complete(self.snapshot, prepared)
         return self.delivered
+
+
+def _deliver_source(stepper: Any, snapshot: Snapshot, result: Any) -> StepResult | None:
+    """Steps 3-4 of a source step (``SourceStepper.step`` after its call of the function)."""
+    proc = stepper.processor
+    tables: dict[str, dict[str, Any]] = {}
+    for binding, value in split_outputs(result, proc.outputs, processor=proc.id).items():
+        out = proc.outputs[binding]
+        table = without_metadata(to_arrow(value))
+        if table.num_rows:
+            for part, t in partitioned(table, out, stepper.queues[out.queue]).items():
+                tables.setdefault(out.queue, {})[part] = t
+    if not tables:
+        return None  # nothing to produce now: not a step
+    rows: dict[str, int] = {}
+    for qname, parts in sorted(tables.items()):
+        res = commit_once(stepper.queues[qname], snapshot, parts, prepared=False)
+        rows[qname] = 0 if res.duplicate else sum(t.num_rows for t in parts.values())
+        stepper.hook("between_commits")
+    stepper.store.commit(queue=STEPS_KEY, tailer=proc.id, partition="0", position=snapshot.step + 1)
+    stepper.next_step += 1
+    return StepResult(snapshot.step, snapshot.delivery_hash, "output", {}, 0, rows)
 
 
 __all__ = ["PhasedStep"]
