@@ -20,17 +20,21 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 from unittest.mock import patch
 
 import pytest
 from dagster import DagsterInstance, DagsterRunStatus
 from dagster._core.scheduler.instigation import InstigatorType, TickStatus
+from deltalake import DeltaTable
 
 from cues_platform.queues import Lake
 from cues_platform.reference.generator import TrafficSpec, generate
 from cues_platform.reference.job import reconcile
-from tests.deployment.support import DeploymentTestError, Webserver
+from tests.deployment.cdp import Browser
+from tests.deployment.support import LOCATION, DeploymentTestError, Webserver
+from tests.deployment.test_webserver_ui_flows import shot
 from tests.support import soak_enabled
 
 WINDOW = 300.0 if soak_enabled() else 90.0  # seconds of a drained deployment watched
@@ -167,3 +171,43 @@ def test_new_postings_reach_results_through_sensors_alone(deployment: Webserver)
         assert {"payments__intake__new_data", "payments__fx__on_demand", "payments__convert__new_data",
                 "payments__validate__new_data"} <= set(launched_by), launched_by
         assert not {n: t for n, t in ticks(instance, InstigatorType.SCHEDULE, after=start).items() if t}
+
+
+REPORT_AUTOMATION = "settlement_report_automation"
+
+
+@pytest.mark.timeout(900)
+def test_the_report_runs_by_its_automation_condition_and_shows_it(deployment: Webserver, tmp_path: Path) -> None:
+    """After the postings test: the days appear (sensor ``settlement_days``) and
+    ``AutomationCondition.eager()`` runs the report (sensor ``settlement_report_automation``), no
+    schedule on; the UI's asset graph and the report's page show the automation and the
+    freshness. ``CUES_SCREENSHOT_DIR=docs/img`` saves the screenshots there (docs/dagster.md)."""
+    lake = Lake(root=deployment.lake_root)
+    assert lake.queue("results").count() > 0, "needs the postings test above"
+    with instance_of(deployment) as instance:
+        deadline = time.monotonic() + FLOW
+        while True:
+            runs = [r.dagster_run for r in instance.get_run_records()
+                    if r.dagster_run.tags.get("dagster/sensor_name") == REPORT_AUTOMATION]
+            if any(r.status == DagsterRunStatus.SUCCESS for r in runs):
+                break
+            if time.monotonic() > deadline:
+                raise DeploymentTestError(f"no successful run of {REPORT_AUTOMATION} after {FLOW:.0f} s: "
+                                          f"{[(r.run_id, r.status.value) for r in runs]}\n{deployment.tail()}")
+            time.sleep(POLL)  # polling the run records, with a deadline
+        days = set(instance.get_dynamic_partitions("settlement_days"))
+    reported = set(DeltaTable(f"{lake.root}/assets/settlement_report").to_pyarrow_table()["partition_key"].to_pylist())
+    assert reported and reported <= days, (reported, days)  # only days that exist
+    browser = Browser(tmp_path / "chromium")
+    try:
+        browser.goto(f"{deployment.url}/locations/{LOCATION}/asset-groups/reports")
+        browser.wait_for_text("settlement_report")
+        shot(browser, tmp_path, "automation-graph.png")
+        browser.goto(f"{deployment.url}/assets/settlement_report")
+        browser.wait_for_text("settlement_report")
+        browser.wait_for_text("Freshness", timeout=60)
+        page = browser.text()
+        shot(browser, tmp_path, "report-freshness.png")
+    finally:
+        browser.close()
+    assert "eager" in page.lower() or "automation" in page.lower(), page[-3000:]
