@@ -202,6 +202,8 @@ def test_the_report_runs_by_its_automation_condition_and_shows_it(deployment: We
     try:
         browser.goto(f"{deployment.url}/locations/{LOCATION}/asset-groups/reports")
         browser.wait_for_text("settlement_report")
+        browser.wait_until("document.body && !document.body.innerText.includes('Loading')",
+                           "the asset node's status to load", timeout=90)
         shot(browser, tmp_path, "automation-graph.png")
         browser.goto(f"{deployment.url}/assets/settlement_report")
         browser.wait_for_text("settlement_report")
