@@ -13,9 +13,13 @@ Contracts (each processor is exactly-once; see docs/reference-pipeline.md):
 - ``intake`` (alts) merges the subjects of ``postings`` into one clearing lane, one subject per
   step (whichever has data, round robin), adding where each instruction came from.
 - ``parse`` (map) parses the JSON payload and names the first failed check in ``malformed``.
-  It is declared on its function with ``@processor_asset``: in Dagster its asset body is the
-  function itself (one step per materialization); the other processors' assets run the
-  platform's runner (steps until drained). ``cues run`` runs them all the same way.
+  It is declared on its function with ``@processor_asset``; ``fx``, ``convert``, ``validate`` and
+  ``ledger`` are processors with ``asset_body=AssetBody.FUNCTION``: in Dagster the asset
+  body of all five is the function itself, one step per materialization, each output handed to
+  the ``cues_step_io`` IO manager (a fork's outputs committed together by the step protocol).
+  ``intake`` reads every partition of ``postings`` (one lane per participant), which the function
+  face refuses, so its asset runs the platform's runner (every lane, steps until drained).
+  ``cues run`` runs them all the same way.
 - ``fx`` (source) publishes one fixing (a row per currency) when ``convert`` has instructions
   waiting (or on their way) and has used every fixing published so far (quotes on demand), so the join always
   gets a batch from both inputs and never stalls; fixing ``k`` depends only on ``k``.
@@ -48,6 +52,7 @@ import pyarrow as pa
 
 from cues_platform.processing import (
     ERROR_SCHEMA,
+    AssetBody,
     Graph,
     In,
     Kind,
@@ -350,6 +355,7 @@ def payments_graph(*, batch_size: int = DEFAULT_BATCH, fx_seed: int = 11,
                    participants: tuple[str, ...] = m.PARTICIPANTS) -> Graph:
     """The reference payments graph (queues, processors, options)."""
     opts = Options(batch_size=batch_size)
+    FUNCTION = AssetBody.FUNCTION  # noqa: N806 - in Dagster the asset body is the function
     spark_contracts = business_contracts()
     return Graph.build(
         name=GRAPH_NAME,
@@ -366,19 +372,22 @@ def payments_graph(*, batch_size: int = DEFAULT_BATCH, fx_seed: int = 11,
             QueueDef("errors", ERROR_SCHEMA),
         ],
         processors=[
-            Processor("fx", Kind.SOURCE, make_fx(fx_seed), outputs={"rates": Out("fx_rates")}, options=opts),
+            Processor("fx", Kind.SOURCE, make_fx(fx_seed), outputs={"rates": Out("fx_rates")}, options=opts,
+                      asset_body=FUNCTION),
             Processor("intake", Kind.MAP, intake, {"postings": In("postings")},
                       {"instructions": Out("instructions", "0")}, error_queue="errors", options=opts),
             # declared on its function (@processor_asset): in Dagster its asset body is `parse`,
-            # one step per materialization; the others run on the platform's runner
+            # one step per materialization (as fx, convert, validate and ledger); intake, over
+            # every partition of postings, runs on the platform's runner
             dataclasses.replace(parse, options=opts),
             Processor("convert", Kind.JOIN, convert, {"postings": In("parsed"), "rates": In("fx_rates")},
-                      {"priced": Out("priced")}, error_queue="errors", options=opts),
+                      {"priced": Out("priced")}, error_queue="errors", options=opts, asset_body=FUNCTION),
             Processor("validate", Kind.FORK, validate, {"priced": In("priced")},
                       {"results": Out("results", partition=None, partition_column="sender"),
                        "ledger_entries": Out("ledger_entries"), "malformed": Out("malformed")},
-                      options=opts),
-            Processor("ledger", Kind.SINK, ledger, {"entries": In("ledger_entries")}, options=opts),
+                      options=opts, asset_body=FUNCTION),
+            Processor("ledger", Kind.SINK, ledger, {"entries": In("ledger_entries")}, options=opts,
+                      asset_body=FUNCTION),
         ],
     )
 
