@@ -46,13 +46,17 @@ def _tick_all(defs: Any, instance: Any, lake_resource: LakeResource,
     for sensor in repo.sensor_defs:
         if sensor.name.endswith("__recovery"):
             continue
-        tick = sensor.evaluate_tick(build_sensor_context(
-            instance=instance, cursor=cursors.get(sensor.name), resources={"lake": lake_resource}))
+        # each context as a `with`: its exit releases the instance it entered (left to the
+        # garbage collector, the exit reset Dagster's current defs-state storage to this test's
+        # closed instance in a later test)
+        with build_sensor_context(instance=instance, cursor=cursors.get(sensor.name),
+                                  resources={"lake": lake_resource}) as context:
+            tick = sensor.evaluate_tick(context)
         cursors[sensor.name] = tick.cursor or cursors.get(sensor.name)
         requests += [(sensor.name, r) for r in tick.run_requests]
     for schedule in repo.schedule_defs:
-        result = schedule.evaluate_tick(build_schedule_context(instance=instance,
-                                                               resources={"lake": lake_resource}))
+        with build_schedule_context(instance=instance, resources={"lake": lake_resource}) as context:
+            result = schedule.evaluate_tick(context)
         requests += [(schedule.name, r) for r in result.run_requests or []]
     return requests
 
@@ -129,8 +133,9 @@ def test_a_join_waiting_for_its_source_runs_the_source_not_the_join(lake, instan
                                                  "desk__recovery"}
 
     def tick(name: str, cursor: str | None = None) -> Any:
-        return repo.get_sensor_def(name).evaluate_tick(build_sensor_context(
-            instance=instance, cursor=cursor, resources={"lake": resource}))
+        with build_sensor_context(instance=instance, cursor=cursor,
+                                  resources={"lake": resource}) as context:
+            return repo.get_sensor_def(name).evaluate_tick(context)
 
     assert not tick("desk__quote__on_demand").run_requests  # nothing waits: no orders
     lake.queue("orders").append(rows(0, 5), partition="0")
@@ -140,8 +145,8 @@ def test_a_join_waiting_for_its_source_runs_the_source_not_the_join(lake, instan
     assert wanted.tags["cues/trigger"] == "on_demand" and wanted.asset_selection == [AssetKey("quotes")]
     assert tick("desk__quote__on_demand").run_requests[0].run_key == wanted.run_key  # same state, same key
     schedule = repo.get_schedule_def("desk__schedule")
-    assert schedule.evaluate_tick(build_schedule_context(instance=instance,
-                                                         resources={"lake": resource})).run_requests
+    with build_schedule_context(instance=instance, resources={"lake": resource}) as context:
+        assert schedule.evaluate_tick(context).run_requests
     lake.queue("quotes").append(rows(1000, 1), partition="0")  # what the source's run publishes
     assert not tick("desk__quote__on_demand").run_requests
     (run,) = tick("desk__price__new_data").run_requests

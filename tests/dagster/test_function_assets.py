@@ -155,8 +155,9 @@ def test_the_new_data_sensor_keeps_requesting_until_the_processor_caught_up(spar
     sensor = defs.get_repository_def().get_sensor_def(f"{graph.name}__{matrix.PID}__new_data")
     cursor, triggers = None, []
     for _ in range(6):
-        tick = sensor.evaluate_tick(build_sensor_context(instance=instance, cursor=cursor,
-                                                         resources={"lake": resource}))
+        with build_sensor_context(instance=instance, cursor=cursor,
+                                  resources={"lake": resource}) as context:
+            tick = sensor.evaluate_tick(context)
         cursor = tick.cursor or cursor
         if not tick.run_requests:
             assert "no new commits" in tick.skip_message
@@ -169,8 +170,8 @@ def test_the_new_data_sensor_keeps_requesting_until_the_processor_caught_up(spar
     assert triggers == ["new_data", "catch_up", "catch_up"]
     matrix.check_exact(lake, "map", "output")
     # caught up: a tick from the same cursor requests nothing more
-    again = sensor.evaluate_tick(build_sensor_context(instance=instance, cursor=cursor,
-                                                      resources={"lake": resource}))
+    with build_sensor_context(instance=instance, cursor=cursor, resources={"lake": resource}) as context:
+        again = sensor.evaluate_tick(context)
     assert not again.run_requests
 
 

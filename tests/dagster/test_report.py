@@ -88,8 +88,9 @@ def eph() -> DagsterInstance:
 
 
 def _tick(instance: DagsterInstance, resources: dict, cursor: str | None = None):
-    ctx = build_sensor_context(instance=instance, cursor=cursor, resources={"lake": resources["lake"]})
-    return settlement_days(ctx)
+    with build_sensor_context(instance=instance, cursor=cursor,
+                              resources={"lake": resources["lake"]}) as ctx:
+        return settlement_days(ctx)
 
 
 def _added(result) -> list[str]:

@@ -25,8 +25,9 @@ from tests.dagster.graphs import load_orders, rows
 
 def _tick(defs, name: str, instance, lake_resource: LakeResource, cursor: str | None):
     sensor = defs.get_repository_def().get_sensor_def(name)
-    context = build_sensor_context(instance=instance, cursor=cursor, resources={"lake": lake_resource})
-    return sensor.evaluate_tick(context)
+    # a `with`: its exit releases the instance it entered (tests/dagster/test_automation.py)
+    with build_sensor_context(instance=instance, cursor=cursor, resources={"lake": lake_resource}) as context:
+        return sensor.evaluate_tick(context)
 
 
 # -- new data / sinks -----------------------------------------------------------------------------

@@ -73,9 +73,9 @@ def test_producer_consumer_producer_passes(pg_dsn: str, spark: Any, tmp_path: Pa
     sensors = {s.name: s for s in defs.sensors}  # type: ignore[union-attr]
 
     def tick(cursor: str | None = None, name: str = "participant__bank_x__new_data") -> Any:
-        context = build_sensor_context(cursor=cursor,
-                                       resources={"participants_lake": LakeResource(root=root)})
-        return sensors[name].evaluate_tick(context)
+        with build_sensor_context(cursor=cursor,
+                                  resources={"participants_lake": LakeResource(root=root)}) as context:
+            return sensors[name].evaluate_tick(context)
 
     assert not tick().run_requests  # nothing published yet
 
