@@ -38,11 +38,10 @@ from cues_platform.processing.deployments import check_and_record
 from cues_platform.processing.errors import GraphError
 from cues_platform.processing.graph import Graph
 from cues_platform.processing.model import Kind, Processor
-from cues_platform.processing.outputs import commit_once, partitioned, split_outputs, to_arrow
 from cues_platform.processing.runner import create_queues
 from cues_platform.processing.sources import SourceStepper
-from cues_platform.processing.step import Hook, StepBase, StepFailure, StepResult, without_metadata
-from cues_platform.processing.strategies import STEPS_KEY, make_stepper
+from cues_platform.processing.step import Hook, StepBase, StepFailure, StepResult
+from cues_platform.processing.strategies import make_stepper
 from cues_platform.queues import Lake
 
 
@@ -140,35 +139,13 @@ class PhasedStep:
             raise GraphError(f"processor {self.processor.id!r}: step {self.snapshot.step} is "
                              "delivered before its function was called", processor=self.processor.id)
         if self.is_source:
-            self.delivered = _deliver_source(self.stepper, self.snapshot, self.result)
+            self.delivered = self.stepper.deliver(self.snapshot, self.result)  # SourceStepper
             return self.delivered
         # Step 3
         prepared = self.stepper.prepared(self.snapshot, result=self.result, failure=self.failure)
         # Steps 4-6
         self.delivered = self.stepper.complete(self.snapshot, prepared)
         return self.delivered
-
-
-def _deliver_source(stepper: Any, snapshot: Snapshot, result: Any) -> StepResult | None:
-    """Steps 3-4 of a source step (``SourceStepper.step`` after its call of the function)."""
-    proc = stepper.processor
-    tables: dict[str, dict[str, Any]] = {}
-    for binding, value in split_outputs(result, proc.outputs, processor=proc.id).items():
-        out = proc.outputs[binding]
-        table = without_metadata(to_arrow(value))
-        if table.num_rows:
-            for part, t in partitioned(table, out, stepper.queues[out.queue]).items():
-                tables.setdefault(out.queue, {})[part] = t
-    if not tables:
-        return None  # nothing to produce now: not a step
-    rows: dict[str, int] = {}
-    for qname, parts in sorted(tables.items()):
-        res = commit_once(stepper.queues[qname], snapshot, parts, prepared=False)
-        rows[qname] = 0 if res.duplicate else sum(t.num_rows for t in parts.values())
-        stepper.hook("between_commits")
-    stepper.store.commit(queue=STEPS_KEY, tailer=proc.id, partition="0", position=snapshot.step + 1)
-    stepper.next_step += 1
-    return StepResult(snapshot.step, snapshot.delivery_hash, "output", {}, 0, rows)
 
 
 __all__ = ["PhasedStep"]

@@ -64,7 +64,11 @@ class SourceStepper(StepBase):
             self.next_step += 1
             return StepResult(snapshot.step, snapshot.delivery_hash, "nil", {}, 0) if did else None
         # Step 2
-        result = self.processor.fn(self.context(snapshot))
+        return self.deliver(snapshot, self.processor.fn(self.context(snapshot)))
+
+    def deliver(self, snapshot: Snapshot, result: Any) -> StepResult | None:
+        """Steps 2-4 after the function returned ``result`` (also the function face's delivery,
+        ``phased.py``): None when it produced nothing (not a step)."""
         outputs = split_outputs(result, self.processor.outputs, processor=self.processor.id)
         tables: dict[str, dict[str, Any]] = {}
         for binding, value in outputs.items():
@@ -85,7 +89,6 @@ class SourceStepper(StepBase):
         self.store.commit(queue=STEPS_KEY, tailer=self.processor.id, partition="0", position=snapshot.step + 1)
         self.next_step += 1
         return StepResult(snapshot.step, snapshot.delivery_hash, "output", {}, 0, rows)
-
 
 def is_source_like(kind: Any) -> bool:
     return kind in (Kind.SOURCE, Kind.IMPERATIVE)
