@@ -1,6 +1,7 @@
 """Processor assets: one ``multi_asset`` per processor, one asset per output queue.
 
-A materialization runs ``GraphRunner(graph, lake, spark, only=[processor])``: recovery first
+A materialization runs ``GraphRunner(graph, lake, spark, only=[processor])``, each lane's backing
+queue reached through the ``backing`` resource (``resources.BackingQueueResource``): recovery first
 (fence older instances, roll forward a prepared attempt, or retry a recorded snapshot), then steps
 until the inputs are drained or a bound of :class:`ProcessorRunConfig` is hit. Because recovery
 and the step protocol live in the lake (backing queue, app transactions), whatever re-runs the op
@@ -196,7 +197,7 @@ def build_processor_asset(graph: Graph, proc: Processor, *, prefix: Sequence[str
         name=pid,
         specs=specs,
         description=proc.doc or None,
-        required_resource_keys={LAKE_KEY, SPARK_KEY, *user_keys},
+        required_resource_keys={LAKE_KEY, SPARK_KEY, BACKING_KEY, *user_keys},
         retry_policy=retry_policy,
         can_subset=False,
         pool=processor_pool(graph, proc),
@@ -211,8 +212,9 @@ def build_processor_asset(graph: Graph, proc: Processor, *, prefix: Sequence[str
         started = time.monotonic()
         # the processor's lanes (one per partition of an every-partition binding; itself when
         # it has none), those of partitions added since the graph was built included
+        # every lane's backing queue through the ``backing`` resource (as the function face's)
         runner = GraphRunner(graph=graph, lake=lake, spark=spark, only=[pid], hook=hook,
-                             resources=resources)
+                             resources=resources, backing_of=getattr(context.resources, BACKING_KEY).backing)
         runner.refresh_lanes()
         before = {q: lake.queue(q).end_offsets() for q in queues}
         lanes: dict[str, dict[str, Any]] = {}

@@ -93,10 +93,10 @@ def build_definitions(
     res: dict[str, Any] = {LAKE_KEY: lake_res, SPARK_KEY: spark_res}
     if isinstance(lake_res, LakeResource):
         res[IO_MANAGER_KEY] = CuesIOManager(lake=lake_res, spark=spark_res)
+        # the one way a step (either face) reaches its backing queue
+        backing = BackingQueueResource(lake=lake_res)
+        res[BACKING_KEY] = backing
         if any(p.asset_body is AssetBody.FUNCTION for p in graph.processors.values()):
-            # only function assets use them (a runner-face graph lists no ``backing`` resource)
-            backing = BackingQueueResource(lake=lake_res)
-            res[BACKING_KEY] = backing
             res[STEP_IO_KEY] = CuesStepIOManager(lake=lake_res, spark=spark_res, backing=backing)
     res.update(extra)
     user_keys = sorted(k for k in extra if k not in RESERVED_KEYS)

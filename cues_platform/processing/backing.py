@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -232,3 +232,14 @@ class BackingQueue:
         versions = [d.get("version") or -1 for row in rows if row["type"] == RecordType.DIGEST.value
                     for d in json.loads(row["outputs"])["steps"]]
         return max(versions, default=-1)
+
+
+BackingOf = Callable[[str], BackingQueue]
+"""Where a step reaches a processor's backing queue, by processor (lane) id: the Dagster ``backing``
+resource's :meth:`~cues_platform.dagster.resources.BackingQueueResource.backing`, or
+:func:`open_backing` under ``cues run``."""
+
+
+def open_backing(lake: Lake) -> BackingOf:
+    """The backing queues of ``lake``, one handle per call (``cues run`` and tests)."""
+    return lambda processor_id: BackingQueue(lake, processor_id)

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
+from cues_platform.processing.backing import BackingOf
 from cues_platform.processing.deployments import check_and_record
 from cues_platform.processing.errors import GraphError, ProcessorFencedError
 from cues_platform.processing.events import EventSink, step_fields
@@ -64,7 +65,7 @@ class GraphRunner:
                  resources: Mapping[str, Any] | None = None, hook: Hook | None = None,
                  only: list[str] | None = None, keep_results: bool = True,
                  events: EventSink | None = None,
-                 lane_refresh: float = LANE_REFRESH_SECONDS) -> None:
+                 lane_refresh: float = LANE_REFRESH_SECONDS, backing_of: BackingOf | None = None) -> None:
         self.graph, self.lake, self.keep_results = graph, lake, keep_results
         # what the runner does, event by event (processing/events.py); None: nothing emitted
         self.events: EventSink = events or (lambda _event, _fields: None)
@@ -76,6 +77,8 @@ class GraphRunner:
         if spark is None:
             spark = get_spark()
         self._spark, self._resources, self._hook, self._only = spark, resources, hook, only
+        # where each lane's backing queue is reached (the Dagster ``backing`` resource), else the lake
+        self._backing_of = backing_of
         self.steppers: dict[str, StepBase] = {}
         self.stats: dict[str, ProcessorStats] = {}
         self._needs_recovery: set[str] = set()
@@ -99,7 +102,7 @@ class GraphRunner:
                 steppers[pid] = self.steppers[pid]
                 continue
             kwargs = dict(graph=graph, processor=proc, lake=self.lake, spark=self._spark,
-                          resources=self._resources, hook=self._hook)
+                          resources=self._resources, hook=self._hook, backing_of=self._backing_of)
             steppers[pid] = SourceStepper(**kwargs) if is_source_like(proc.kind) else make_stepper(**kwargs)
             self.stats[pid] = ProcessorStats()
             self._needs_recovery.add(pid)

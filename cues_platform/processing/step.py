@@ -88,11 +88,12 @@ from typing import Any
 import pyarrow as pa
 
 from cues_platform.processing.backing import (
-    BackingQueue,
+    BackingOf,
     Range,
     Record,
     RecordType,
     Snapshot,
+    open_backing,
 )
 from cues_platform.processing.batching import step_size
 from cues_platform.processing.context import StepContext
@@ -186,8 +187,11 @@ class StepBase:
     """Shared by every strategy: the graph, queues, input planning and running the function."""
 
     def __init__(self, *, graph: Graph, processor: Processor, lake: Lake, spark: Any = None,
-                 resources: Mapping[str, Any] | None = None, hook: Hook | None = None) -> None:
+                 resources: Mapping[str, Any] | None = None, hook: Hook | None = None,
+                 backing_of: BackingOf | None = None) -> None:
         self.graph, self.processor, self.lake, self.spark = graph, processor, lake, spark
+        # the one way a step reaches a backing queue (the Dagster ``backing`` resource, or the lake's)
+        self.backing_of: BackingOf = backing_of or open_backing(lake)
         self.resources = dict(resources or {})
         self.hook: Hook = hook or (lambda _point: None)
         names = {b.queue for b in [*processor.inputs.values(), *processor.outputs.values()]}
@@ -386,7 +390,7 @@ class StepBase:
 class ExactlyOnceStepper(StepBase):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.backing = BackingQueue(self.lake, self.processor.id)
+        self.backing = self.backing_of(self.processor.id)
         self.home = home_of(self.processor)
         self.epoch = -1
         self.pending: Snapshot | None = None

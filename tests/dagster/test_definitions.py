@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from dagster import AssetCheckKey, AssetKey, EnvVar
+from dagster import AssetCheckKey, AssetKey, DagsterInvalidDefinitionError, EnvVar, materialize
 
-from cues_platform.dagster import LakeResource, build_definitions
+from cues_platform.dagster import LakeResource, build_definitions, build_processor_asset
+from cues_platform.dagster.resources import CuesSparkResource
 from cues_platform.errors import ConfigurationError
 from tests.dagster.graphs import build_graph
 
@@ -61,8 +62,9 @@ def test_definitions_load_with_assets_lineage_checks_sensors_schedule() -> None:
     assert {k.to_user_string() for k in job.asset_layer.executable_asset_keys} >= {
         "enriched", "big", "small", "archive"}
     resources = set(repo.get_top_level_resources())
-    # runner-face processors only: nothing uses backing or the step IO manager, so neither is listed
-    assert {"lake", "spark", "cues_io_manager"} <= resources and not {"backing", "cues_step_io"} & resources
+    # runner-face processors only: they reach their backing queues through ``backing`` (both faces
+    # do); only the step IO manager, which function assets alone use, is not listed
+    assert {"lake", "spark", "cues_io_manager", "backing"} <= resources and "cues_step_io" not in resources
 
 
 def test_no_schedule_and_key_prefix() -> None:
@@ -92,3 +94,14 @@ def test_producers_draw_lineage_into_external_queues_and_nothing_else() -> None:
 
     with pytest.raises(GraphError, match=r"producers given for \['enriched'\], which are not external"):
         build_definitions(graph, producers={"enriched": [AssetKey("x")]})
+
+
+def test_a_runner_face_processor_asset_needs_the_backing_resource(tmp_path) -> None:
+    """The ``backing`` resource is the one way a step reaches its backing queue, in the runner face
+    too: materializing a runner-face processor asset without it is refused before any step."""
+    graph = build_graph()
+    asset = build_processor_asset(graph, graph.as_declared("enrich"))
+    with pytest.raises(DagsterInvalidDefinitionError, match="backing"):
+        materialize([asset], resources={"lake": LakeResource(root=str(tmp_path / "lake")),
+                                        "spark": CuesSparkResource()})
+    assert not (tmp_path / "lake" / "_cues" / "backing").exists()
