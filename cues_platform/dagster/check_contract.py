@@ -22,42 +22,28 @@ retries and re-executions, until the failing rows are quarantined or pass (a con
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from typing import Any
 
 import pyarrow.compute as pc
 
 from cues_platform.dagster.check_memory import (
+    ERROR_QUEUE,
     CheckMemory,
     Runs,
-    coalesce,
     count,
     describe,
     from_offsets,
     normalize,
-    split_below,
-    subtract,
+    plan_window,
+    stable_ends,
     union,
 )
 from cues_platform.dagster.check_quarantine import quarantined_runs
 from cues_platform.queues import Lake, OffsetOutOfRangeError
-from cues_platform.queues.reader import plan_read
 from cues_platform.queues.schema import DELIVERY_HASH, OFFSET, RESERVED
 
 CHUNK = 100_000  # offsets validated at once on the pandas path (bounds the driver's memory)
 MAX_SAMPLES = 20
-
-
-def stable_ends(lake: Lake, queue_name: str, starts: Mapping[str, int]) -> dict[str, int]:
-    """Each partition's last stable offset: the end of what a ``read_committed`` reader sees (the
-    first row of an undecided transaction, or the next offset)."""
-    queue = lake.queue(queue_name)
-    return {p: plan_read(queue, partition=p, start=int(starts.get(p, 0)), end=None).end
-            for p in queue.partitions}
-
-
-def intersect(a: Mapping[str, Any], b: Mapping[str, Any]) -> Runs:
-    return subtract(a, subtract(a, b))
 
 
 class Verdict:
@@ -158,28 +144,14 @@ def evaluate(lake: Lake, queue_name: str, contract: Any, *, memory: CheckMemory,
 
 def _evaluate(lake: Lake, queue_name: str, contract: Any, *, memory: CheckMemory, error_queue: str | None,
               spark: Any, validate: Any, counts_of: Any) -> tuple[bool, bool, dict[str, Any]]:
-    queue = lake.queue(queue_name)
-    starts = queue.start_offsets()
-    ends = stable_ends(lake, queue_name, starts)
-    notes: list[str] = []
-    beyond = {p: o for p, o in memory.judged_to.items() if p not in ends or o > queue.next_offset(p)}
-    if beyond:  # the memory is not this queue's (re-created under the same asset key)
-        notes.append(f"the remembered positions {beyond} are past the queue's end (the queue was "
-                     "created again): judged every row still in it")
-        memory = CheckMemory()
     quarantined = quarantined_runs(lake, error_queue=error_queue, queue=queue_name) if error_queue else {}
-    arrived = normalize({p: [[min(memory.judged_to.get(p, 0), end), end]] for p, end in ends.items()})
-    closed_by_quarantine = intersect(union(memory.open_failing, memory.open_unjudged), quarantined)
-    window = subtract(union(memory.open_failing, arrived), quarantined)
-    readable, removed = split_below(window, starts)
-    still_failing_removed = intersect(removed, memory.open_failing)  # failing, then retained away
-    unjudged = subtract(union(memory.open_unjudged, subtract(removed, memory.open_failing)), quarantined)
+    window = plan_window(lake, queue_name, memory=memory, quarantined=quarantined)
+    memory, readable, unjudged, notes = window.memory, window.readable, window.unjudged, list(window.notes)
 
     judge = judge_pandas if spark is None else (lambda *a: judge_spark(*a, spark))
     verdict = judge(lake, queue_name, contract, readable, validate)
-    open_failing = coalesce(union(verdict.open_runs(), still_failing_removed))
-    judged_to = {p: max(end, memory.judged_to.get(p, 0)) for p, end in ends.items()}
-    new_memory = CheckMemory(judged_to=judged_to, open_failing=open_failing, open_unjudged=unjudged)
+    new_memory = window.next_memory(verdict.open_runs())
+    open_failing = new_memory.open_failing
 
     by_check: dict[str, int] = {}
     for f in verdict.failures:
@@ -189,7 +161,7 @@ def _evaluate(lake: Lake, queue_name: str, contract: Any, *, memory: CheckMemory
         "queue": queue_name,
         "memory_from_run": memory.run_id or "none: judged from offset 0",
         "judged_ranges": readable,
-        "arrived_ranges": arrived,
+        "arrived_ranges": window.arrived,
         "rows_checked": verdict.rows_checked,
         "rows_outside_protocol": verdict.rows_outside_protocol,
         **{k: v for k, v in counts_of(verdict.failures).items() if v is not None},
@@ -197,16 +169,17 @@ def _evaluate(lake: Lake, queue_name: str, contract: Any, *, memory: CheckMemory
         "failures_by_check": by_check,
         "open_failing_rows": count(open_failing),
         "open_unjudged_rows": count(unjudged),
-        "closed_by_quarantine_rows": count(closed_by_quarantine),
+        "closed_by_quarantine_rows": count(window.closed_by_quarantine),
         "details": json.dumps(verdict.failures[:MAX_SAMPLES], default=str),
         **new_memory.metadata(),
+        ERROR_QUEUE: error_queue or "",
     }
     if verdict.samples:
         meta["failing_rows_sample"] = samples_markdown(verdict.samples)
     if open_failing:
-        fix = ("quarantine them (cues_platform.dagster.check_quarantine.quarantine_runs with this "
-               f"check's cues/open_failing, into error queue {error_queue!r})" if error_queue else
-               "the graph has no error queue to quarantine them in")
+        fix = (f"quarantine them (`cues quarantine list {queue_name}`, then `cues quarantine add "
+               f"{queue_name} --all-open --reason ...`: copied into error queue {error_queue!r})"
+               if error_queue else "the graph has no error queue to quarantine them in")
         meta["what_to_do"] = (f"rows at {describe(open_failing)} break the contract and stay in the queue "
                               f"(downstream reads them): fix the contract if it is wrong (they pass then), "
                               f"or {fix}; the check stays red until one of the two")

@@ -1,14 +1,18 @@
-"""The contract check's memory: how far it judged each partition, and the rows still open.
+"""A check's memory: how far it judged each partition, and the rows still open.
 
-A ``contract`` check judges what *arrived* in its queue, not what the latest materialization
-wrote: every row committed since the previous evaluation (by a step of this run, by recovery
-rolling a failed attempt forward, by ``cues run`` outside Dagster), plus the rows a previous
-evaluation found failing and nobody has handled yet. Its memory is three values of the
-metadata of its own latest evaluation in Dagster's event log (so the UI shows them):
+The ``contract`` and ``outside_protocol`` checks judge what *arrived* in their queue, not what
+the latest materialization wrote: every row committed since the previous evaluation (by a step
+of this run, by recovery rolling a failed attempt forward, by ``cues run`` outside Dagster, by a
+producer appending without a delivery hash), plus the rows a previous evaluation found failing
+and nobody has handled yet. Each check's memory is three values of the metadata of its own
+latest evaluation in Dagster's event log (so the UI shows them); :func:`plan_window` is the
+arithmetic both checks share (what to judge now), :class:`Window` ``.next_memory`` what to
+remember after:
 
 - ``cues/judged_to`` ``{partition: offset}``: every row below it was judged by some evaluation;
-- ``cues/open_failing`` ``{partition: [[start, end), ...]}``: rows that broke the contract and
-  are neither quarantined nor passing under the contract as it is now: re-judged every time;
+- ``cues/open_failing`` ``{partition: [[start, end), ...]}``: rows that failed the check (broke
+  the contract; were written without a delivery hash) and are neither quarantined nor passing
+  now: re-judged every time;
 - ``cues/open_unjudged`` ``{partition: [[start, end), ...]}``: rows the queue's retention removed
   before any evaluation judged them (only a quarantine, which acknowledges them, closes them).
 
@@ -31,10 +35,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cues_platform.errors import CuesError
+from cues_platform.queues import Lake
+from cues_platform.queues.reader import plan_read
 
 JUDGED_TO = "cues/judged_to"
 OPEN_FAILING = "cues/open_failing"
 OPEN_UNJUDGED = "cues/open_unjudged"
+# not memory: the error queue a quarantine of this check's rows goes to (`cues quarantine` reads it)
+ERROR_QUEUE = "cues/error_queue"
 # an evaluation keeps at most this many runs per partition: beyond, neighbouring runs are merged
 # (a superset: re-judging a passing row again only costs the read, it never hides a failing one)
 MAX_RUNS = 200
@@ -150,13 +158,17 @@ class CheckMemory:
     open_failing: Runs = field(default_factory=dict)
     open_unjudged: Runs = field(default_factory=dict)
     run_id: str | None = None  # the run of the evaluation it was read from (None: no memory)
+    # every metadata value of that evaluation (what `cues quarantine list` shows besides the runs)
+    evaluation: dict[str, Any] = field(default_factory=dict, compare=False)
+    timestamp: float | None = field(default=None, compare=False)  # when it was stored (seconds)
 
     def metadata(self) -> dict[str, Any]:
         return {JUDGED_TO: dict(sorted(self.judged_to.items())), OPEN_FAILING: self.open_failing,
                 OPEN_UNJUDGED: self.open_unjudged}
 
 
-def memory_of(metadata: Mapping[str, Any], *, run_id: str | None, check: str = "contract") -> CheckMemory | None:
+def memory_of(metadata: Mapping[str, Any], *, run_id: str | None, check: str = "contract",
+              timestamp: float | None = None) -> CheckMemory | None:
     """The memory stored in one evaluation's metadata values (None: the evaluation has none, it
     was made by an older version)."""
     if JUDGED_TO not in metadata:
@@ -166,7 +178,7 @@ def memory_of(metadata: Mapping[str, Any], *, run_id: str | None, check: str = "
             judged_to={str(p): int(o) for p, o in dict(metadata[JUDGED_TO]).items()},
             open_failing=normalize(dict(metadata.get(OPEN_FAILING) or {})),
             open_unjudged=normalize(dict(metadata.get(OPEN_UNJUDGED) or {})),
-            run_id=run_id)
+            run_id=run_id, evaluation=dict(metadata), timestamp=timestamp)
     except (TypeError, ValueError) as exc:
         raise CheckMemoryError(
             f"the {check!r} evaluation of run {run_id} holds a memory that cannot be read "
@@ -191,7 +203,7 @@ def load_memory(instance: Any, check_key: Any) -> CheckMemory:
             if not metadata:
                 continue
             mem = memory_of({k: v.value for k, v in metadata.items()}, run_id=record.run_id,
-                            check=check_key.to_user_string())
+                            check=check_key.to_user_string(), timestamp=record.create_timestamp)
             if mem is not None:
                 return mem
         if len(records) < HISTORY_PAGE:
@@ -199,6 +211,65 @@ def load_memory(instance: Any, check_key: Any) -> CheckMemory:
         cursor = records[-1].id
 
 
-__all__ = ["JUDGED_TO", "OPEN_FAILING", "OPEN_UNJUDGED", "CheckMemory", "CheckMemoryError", "Runs",
-           "coalesce", "count", "describe", "from_offsets", "load_memory", "memory_of", "normalize",
-           "split_below", "subtract", "union"]
+# -- what an evaluation judges ---------------------------------------------------------------------
+def stable_ends(lake: Lake, queue_name: str, starts: Mapping[str, int]) -> dict[str, int]:
+    """Each partition's last stable offset: the end of what a ``read_committed`` reader sees (the
+    first row of an undecided transaction, or the next offset)."""
+    queue = lake.queue(queue_name)
+    return {p: plan_read(queue, partition=p, start=int(starts.get(p, 0)), end=None).end
+            for p in queue.partitions}
+
+
+def intersect(a: Mapping[str, Any], b: Mapping[str, Any]) -> Runs:
+    return subtract(a, subtract(a, b))
+
+
+@dataclass(frozen=True)
+class Window:
+    """What one evaluation judges, from the memory, the queue and its quarantined rows.
+
+    ``readable``: the rows to judge now (arrived since ``judged_to``, and the open ones, minus the
+    quarantined, still in the queue); ``still_failing_removed``: open rows retention removed since
+    (they stay open, nothing can pass them now); ``unjudged``: rows retention removed before any
+    evaluation judged them, not quarantined."""
+
+    memory: CheckMemory  # the memory it started from (empty when it was not this queue's)
+    ends: dict[str, int]
+    arrived: Runs
+    readable: Runs
+    still_failing_removed: Runs
+    unjudged: Runs
+    closed_by_quarantine: Runs
+    notes: list[str]
+
+    def next_memory(self, failing_now: Runs) -> CheckMemory:
+        """The memory after judging ``readable``: ``failing_now`` the rows of it that failed."""
+        open_failing = coalesce(union(failing_now, self.still_failing_removed))
+        judged_to = {p: max(end, self.memory.judged_to.get(p, 0)) for p, end in self.ends.items()}
+        return CheckMemory(judged_to=judged_to, open_failing=open_failing, open_unjudged=self.unjudged)
+
+
+def plan_window(lake: Lake, queue_name: str, *, memory: CheckMemory, quarantined: Runs) -> Window:
+    queue = lake.queue(queue_name)
+    starts = queue.start_offsets()
+    ends = stable_ends(lake, queue_name, starts)
+    notes: list[str] = []
+    beyond = {p: o for p, o in memory.judged_to.items() if p not in ends or o > queue.next_offset(p)}
+    if beyond:  # the memory is not this queue's (re-created under the same asset key)
+        notes.append(f"the remembered positions {beyond} are past the queue's end (the queue was "
+                     "created again): judged every row still in it")
+        memory = CheckMemory()
+    arrived = normalize({p: [[min(memory.judged_to.get(p, 0), end), end]] for p, end in ends.items()})
+    closed = intersect(union(memory.open_failing, memory.open_unjudged), quarantined)
+    window = subtract(union(memory.open_failing, arrived), quarantined)
+    readable, removed = split_below(window, starts)
+    still_failing_removed = intersect(removed, memory.open_failing)  # failing, then retained away
+    unjudged = subtract(union(memory.open_unjudged, subtract(removed, memory.open_failing)), quarantined)
+    return Window(memory=memory, ends=ends, arrived=arrived, readable=readable,
+                  still_failing_removed=still_failing_removed, unjudged=unjudged,
+                  closed_by_quarantine=closed, notes=notes)
+
+
+__all__ = ["ERROR_QUEUE", "JUDGED_TO", "OPEN_FAILING", "OPEN_UNJUDGED", "CheckMemory", "CheckMemoryError",
+           "Runs", "Window", "coalesce", "count", "describe", "from_offsets", "intersect", "load_memory",
+           "memory_of", "normalize", "plan_window", "split_below", "stable_ends", "subtract", "union"]

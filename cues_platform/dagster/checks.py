@@ -22,9 +22,14 @@ Blocking (a failure stops downstream assets in the run):
 Not blocking (severity WARN: the pipeline goes on, the UI shows it):
 
 - ``outside_protocol``: rows of this exactly-once output without a delivery hash (a producer, a
-  script or a person appended them, not a processor step): how many, their offsets, and how many
-  break the queue's contract. They stay in the queue (it is append-only) and downstream
-  processors read them like any row; ``docs/dagster.md`` shows the operator's way out.
+  script or a person appended them, not a processor step) among every row committed since the
+  check last judged, with the same memory as ``contract`` (``check_memory``): a row it finds
+  stays open (the check failed, WARN) across no-op runs, retries and re-executions until it is
+  quarantined (``check_quarantine``; ``cues quarantine add``: the operator's reason and the
+  row's payload recorded in the error queue, which is what "handled" means for such a row: it
+  never gains a hash). Metadata: how many, their offsets, a sample, how many break the queue's
+  contract. They stay in the queue (it is append-only) and downstream processors read them like
+  any row; ``docs/dagster.md`` shows the operator's way out.
 """
 
 from collections.abc import Mapping, Sequence
@@ -53,9 +58,19 @@ from cues_platform.dagster.assets import (
     queue_key,
 )
 from cues_platform.dagster.check_contract import evaluate
-from cues_platform.dagster.check_memory import load_memory
+from cues_platform.dagster.check_memory import (
+    ERROR_QUEUE,
+    CheckMemory,
+    Runs,
+    count,
+    describe,
+    from_offsets,
+    load_memory,
+    plan_window,
+)
+from cues_platform.dagster.check_quarantine import quarantined_runs
 from cues_platform.dagster.error_queues import error_counts, error_queue_writers
-from cues_platform.dagster.materialize import ARRIVED_RANGES, latest_metadata
+from cues_platform.dagster.materialize import latest_metadata
 from cues_platform.dagster.resources import spark_session_of
 from cues_platform.processing.contracts import contract_kind
 from cues_platform.processing.failures import Origin, origin_of_exception_type
@@ -106,46 +121,10 @@ def rows_at(lake: Lake, queue_name: str, ranges: Mapping[str, Sequence[int]], sp
     return df.select(*payload)
 
 
-def split_at_start(lake: Lake, queue_name: str, ranges: Mapping[str, Sequence[int]]
-                   ) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
-    """``ranges`` split at each partition's start offset: (what is still in the queue, what its
-    retention removed), both ``{partition: [start, end)}`` without empty ranges."""
-    starts = lake.queue(queue_name).start_offsets()
-    readable: dict[str, list[int]] = {}
-    removed: dict[str, list[int]] = {}
-    for part, (lo, hi) in ranges.items():
-        first = starts.get(str(part), 0)
-        if max(int(lo), first) < int(hi):
-            readable[str(part)] = [max(int(lo), first), int(hi)]
-        if int(lo) < min(int(hi), first):
-            removed[str(part)] = [int(lo), min(int(hi), first)]
-    return readable, removed
-
-
-def above_start(lake: Lake, queue_name: str, ranges: Mapping[str, Sequence[int]],
-                judge: Any) -> tuple[Any, dict[str, list[int]]]:
-    """``judge(readable ranges)`` on the part of ``ranges`` still in the queue; returns its result
-    and the ranges retention removed. A read overtaken by retention is judged again on the new
-    start offsets (at most :data:`RETENTION_RACE_RETRIES` times, then the error is raised)."""
-    for _ in range(RETENTION_RACE_RETRIES - 1):
-        readable, removed = split_at_start(lake, queue_name, ranges)
-        try:
-            return judge(readable), removed
-        except OffsetOutOfRangeError:
-            continue  # a start offset moved while judging: split again
-    readable, removed = split_at_start(lake, queue_name, ranges)
-    return judge(readable), removed
-
-
-def retained_away_note(removed: Mapping[str, Sequence[int]]) -> str:
-    shown = ", ".join(f"{p}: [{lo}, {hi})" for p, (lo, hi) in sorted(removed.items()))
-    return (f"not re-checkable: the rows at offsets {shown} were removed by the queue's retention "
-            "after every registered reader had read them; the evaluation made with the "
-            "materialization judged them (the check's history), the rows still here were judged now")
-
-
 class RangesNotRecorded(LookupError):
-    """The asset's latest materialization has no ranges metadata (made by an older version)."""
+    """The asset's latest materialization has no ranges metadata (made by an older version).
+    No check of this module judges from a materialization's ranges any more (both remember what
+    they judged); kept for callers of :func:`latest_ranges`."""
 
 
 def latest_ranges(context: AssetCheckExecutionContext, key: AssetKey, name: str) -> dict[str, list[int]] | None:
@@ -159,22 +138,18 @@ def latest_ranges(context: AssetCheckExecutionContext, key: AssetKey, name: str)
     return {str(p): [int(lo), int(hi)] for p, (lo, hi) in dict(metadata[name]).items()}
 
 
-def runs_without_hash(lake: Lake, queue_name: str, ranges: Mapping[str, Sequence[int]]) -> dict[str, list[list[int]]]:
-    """``{partition: [[start, end), ...]}``: the offset runs of ``ranges`` whose rows have no
-    delivery hash (two columns read, no payload)."""
+def runs_without_hash(lake: Lake, queue_name: str, runs: Runs) -> Runs:
+    """``{partition: [[start, end), ...]}``: the offsets of ``runs`` whose rows have no delivery
+    hash (two columns read, no payload)."""
     import pyarrow.compute as pc
 
     queue = lake.queue(queue_name)
-    runs: dict[str, list[list[int]]] = {}
-    for part, (lo, hi) in ranges.items():
-        table = queue.read_arrow(partition=part, start=int(lo), end=int(hi), columns=[OFFSET, DELIVERY_HASH])
-        for offset in table.filter(pc.is_null(table[DELIVERY_HASH]))[OFFSET].to_pylist():
-            spans = runs.setdefault(part, [])
-            if spans and spans[-1][1] == offset:
-                spans[-1][1] = offset + 1
-            else:
-                spans.append([offset, offset + 1])
-    return runs
+    found: dict[str, list[int]] = {}
+    for part, spans in runs.items():
+        for lo, hi in spans:
+            table = queue.read_arrow(partition=part, start=int(lo), end=int(hi), columns=[OFFSET, DELIVERY_HASH])
+            found.setdefault(part, []).extend(table.filter(pc.is_null(table[DELIVERY_HASH]))[OFFSET].to_pylist())
+    return from_offsets(found)
 
 
 def validate_contract(contract: Any, df: Any) -> tuple[bool, list[dict[str, Any]]]:
@@ -278,7 +253,8 @@ def build_processor_checks(graph: Graph, proc: Processor, *, prefix: Sequence[st
             if report is None:
                 report = audit(lake, graph=graph)
             if spec.name == OUTSIDE_PROTOCOL:
-                yield _outside_protocol_result(context, spec.asset_key, lake, q, graph.queues[q].contract, report)
+                yield _outside_protocol_result(context, spec.asset_key, lake, q, graph.queues[q].contract,
+                                               graph.error_queue_of(proc), report)
                 continue
             lanes = set(graph.families.get(pid, [pid]))  # its lanes (itself without lanes)
             mine = [v for v in report.violations if v.kind != NO_DELIVERY_HASH
@@ -325,46 +301,98 @@ def _contract_result(context: AssetCheckExecutionContext, key: AssetKey, lake: L
 
 
 def _outside_protocol_result(context: AssetCheckExecutionContext, key: AssetKey, lake: Lake, q: str,
-                             contract: Any, report: Any) -> AssetCheckResult:
-    """Rows without a delivery hash that arrived since the previous materialization (so the next
-    materialization after they arrived is green again); ``rows_in_queue``: all of them, from the
-    audit (``cues audit`` keeps reporting them as ``no_delivery_hash``)."""
-    try:
-        ranges = latest_ranges(context, key, ARRIVED_RANGES) or {}
-    except RangesNotRecorded:  # an older version's materialization: look at the whole queue
-        queue = lake.queue(q)
-        starts = queue.start_offsets()  # from the first row still there
-        ranges = {p: [starts[p], end] for p, end in queue.end_offsets().items()}
+                             contract: Any, error_queue: str | None, report: Any) -> AssetCheckResult:
+    """Rows without a delivery hash among every row that arrived since the check last judged,
+    and the ones it holds open until quarantined (``evaluate_outside``); its memory is its own
+    previous evaluation (``check_memory``), as ``contract``'s is."""
+    memory = load_memory(context.instance, AssetCheckKey(key, OUTSIDE_PROTOCOL))
     spark = _spark_for(context, contract) if contract is not None else None
+    everywhere = [v for v in report.violations if v.kind == NO_DELIVERY_HASH and v.queue == q and v.offsets]
+    passed, meta = evaluate_outside(lake, q, contract, memory=memory, error_queue=error_queue, spark=spark,
+                                    retries=RETENTION_RACE_RETRIES)
+    meta["rows_in_queue"] = sum(v.offsets[1] - v.offsets[0] for v in everywhere)
+    return AssetCheckResult(asset_key=key, check_name=OUTSIDE_PROTOCOL, passed=passed,
+                            severity=AssetCheckSeverity.WARN, metadata=meta)
 
-    def judge(readable: dict[str, list[int]]) -> tuple[dict[str, list[list[int]]], int | None]:
-        runs = runs_without_hash(lake, q, readable)
-        if not runs or contract is None:
-            return runs, None
+
+def evaluate_outside(lake: Lake, q: str, contract: Any, *, memory: CheckMemory, error_queue: str | None,
+                     spark: Any, retries: int) -> tuple[bool, dict[str, Any]]:
+    """One ``outside_protocol`` evaluation: (passed, metadata with the new memory). A read that
+    retention overtook is planned again (at most ``retries`` times)."""
+    for attempt in range(retries):
+        try:
+            return _evaluate_outside(lake, q, contract, memory=memory, error_queue=error_queue, spark=spark)
+        except OffsetOutOfRangeError:  # a start offset moved while reading: plan again
+            if attempt == retries - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _evaluate_outside(lake: Lake, q: str, contract: Any, *, memory: CheckMemory, error_queue: str | None,
+                      spark: Any) -> tuple[bool, dict[str, Any]]:
+    quarantined = quarantined_runs(lake, error_queue=error_queue, queue=q) if error_queue else {}
+    window = plan_window(lake, q, memory=memory, quarantined=quarantined)
+    found = runs_without_hash(lake, q, window.readable)  # open rows are read again: two columns
+    new_memory = window.next_memory(found)
+    open_rows, unjudged = new_memory.open_failing, new_memory.open_unjudged
+    meta: dict[str, Any] = {
+        "queue": q,
+        "memory_from_run": window.memory.run_id or "none: judged from offset 0",
+        "judged_ranges": window.readable,
+        "arrived_ranges": window.arrived,
+        "rows": count(open_rows),
+        "offsets": open_rows,
+        "open_unjudged_rows": count(unjudged),
+        "closed_by_quarantine_rows": count(window.closed_by_quarantine),
+        **new_memory.metadata(),
+        ERROR_QUEUE: error_queue or "",
+    }
+    if contract is not None and found:
         breaking = 0
-        for part, spans in runs.items():
+        for part, spans in found.items():
             for span in spans:
                 ok, failures = validate_contract(contract, rows_at(lake, q, {part: span}, spark, protocol_only=False))
                 counted = failure_counts(failures)["failing_rows"] if not ok else 0
                 breaking += counted if counted is not None else span[1] - span[0]
-        return runs, breaking
-
-    (runs, breaking), removed = above_start(lake, q, ranges, judge)
-    total = sum(hi - lo for spans in runs.values() for lo, hi in spans)
-    everywhere = [v for v in report.violations if v.kind == NO_DELIVERY_HASH and v.queue == q and v.offsets]
-    meta: dict[str, Any] = {"queue": q, "looked_at": ranges, "rows": total, "offsets": runs,
-                            "rows_in_queue": sum(v.offsets[1] - v.offsets[0] for v in everywhere)}
-    if breaking is not None:
         meta["rows_breaking_the_contract"] = breaking
-    if total:
-        meta["what_to_do"] = ("these rows were appended without a delivery hash (not by a processor step) "
-                              "and downstream processors read them like any row; see docs/dagster.md, "
-                              "'From a red check to a green pipeline'")
-    if removed:  # those rows were not looked at now: never green on them
-        meta[RETAINED_AWAY] = removed
-        meta["note"] = retained_away_note(removed)
-    return AssetCheckResult(asset_key=key, check_name=OUTSIDE_PROTOCOL, passed=total == 0 and not removed,
-                            severity=AssetCheckSeverity.WARN, metadata=meta)
+    if found:
+        meta["rows_sample"] = rows_sample(lake, q, found)
+    if open_rows:
+        how = (f"`cues quarantine add {q} --check outside_protocol --all-open --reason ...` (or "
+               f"-p PARTITION --offsets START:END) records them, with the reason, in error queue "
+               f"{error_queue!r}" if error_queue else "the graph has no error queue to quarantine them in")
+        meta["what_to_do"] = (f"rows at {describe(open_rows)} were appended without a delivery hash (not "
+                              "by a processor step) and downstream processors read them like any row: "
+                              f"find who wrote them, then quarantine them: {how}; the check stays failed "
+                              "until then; see docs/dagster.md, 'From a red check to a green pipeline'")
+    notes = list(window.notes)
+    if unjudged:  # those rows were never looked at: never green on them
+        meta[RETAINED_AWAY] = unjudged
+        notes.append(f"never judged: the rows at {describe(unjudged)} were removed by the queue's retention "
+                     "before any evaluation of this check read them; quarantine them (an "
+                     "acknowledgement, no payload is left) to close them")
+    if notes:
+        meta["note"] = "; ".join(notes)
+    return not open_rows and not unjudged, meta
+
+
+def rows_sample(lake: Lake, q: str, runs: Runs, *, limit: int = MAX_LISTED) -> str:
+    """A markdown table of the first ``limit`` rows of ``runs``: partition, offset, payload."""
+    from cues_platform.processing.contracts import rows_as_json
+
+    queue = lake.queue(q)
+    payload = [c for c in queue.payload_schema.names if c not in RESERVED]
+    lines = ["| partition | offset | payload |", "|---|---|---|"]
+    left = limit
+    for part, spans in sorted(runs.items()):
+        for lo, hi in spans:
+            if left <= 0:
+                break
+            table = queue.read_arrow(partition=part, start=lo, end=min(hi, lo + left))
+            for offset, text in zip(table[OFFSET].to_pylist(), rows_as_json(table.select(payload)), strict=True):
+                lines.append(f"| {part} | {offset} | {text} |")
+            left -= table.num_rows
+    return "\n".join(lines)
 
 
 def build_error_queue_check(name: str, *, prefix: Sequence[str] = ()) -> Any:

@@ -64,17 +64,21 @@ def test_the_contract_check_judges_every_arrived_row_and_holds_a_failing_one_ope
     assert all('"id": -' in p for p in errors["payload"].to_pylist())
 
 
-def test_rows_written_outside_the_protocol_warn_without_blocking_and_the_next_run_is_green(
+def test_rows_written_outside_the_protocol_warn_without_blocking_and_stay_until_quarantined(
         defs, lake, instance) -> None:
     """A row appended straight into an exactly-once output (no delivery hash) breaking its
     contract: the blocking checks judge what the protocol delivered and pass, so downstream runs;
-    ``outside_protocol`` (WARN) names the row; the next materialization is green again."""
+    ``outside_protocol`` (WARN) names the row, and keeps naming it at the next materialization
+    (it holds the row open, as ``contract`` holds a failing one) until it is quarantined."""
+    from cues_platform.dagster.check_quarantine import OUTSIDE_PROTOCOL_EXCEPTION_TYPE, quarantine
+
     load_orders(lake)
     run = materialize(assets_of(defs), resources=resources_of(defs), instance=instance,
                       selection=[AssetKey("enriched")])
     checks = _evaluations(run)
     assert all(ok for ok, _ in checks.values()) and set(checks) == {"contract", "exactly_once", "outside_protocol"}
     assert checks["outside_protocol"][1]["rows"] == 0 and checks["exactly_once"][1]["steps_delivered"] == 3
+    assert checks["outside_protocol"][1]["cues/judged_to"] == {"0": 30}
 
     enriched = lake.queue("enriched")
     enriched.append(pa.table({"id": pa.array([-4], pa.int64()), "note": ["rogue"]}), partition="0")  # offset 30
@@ -88,16 +92,27 @@ def test_rows_written_outside_the_protocol_warn_without_blocking_and_the_next_ru
     assert passed and meta["violations"] == 0 and not meta["lake_ok"]  # the audit still sees it
     passed, meta = checks["outside_protocol"]
     assert not passed and meta["rows"] == 1 and meta["offsets"] == {"0": [[30, 31]]}
+    assert meta["judged_ranges"] == {"0": [[30, 41]]} and meta["cues/open_failing"] == {"0": [[30, 31]]}
     assert meta["rows_breaking_the_contract"] == 1 and "docs/dagster.md" in meta["what_to_do"]
+    assert "| 0 | 30 |" in meta["rows_sample"] and "rogue" in meta["rows_sample"]
     (warn,) = [e for e in run.get_asset_check_evaluations() if e.check_name == "outside_protocol"
                and e.asset_key == AssetKey("enriched")]
     assert warn.severity == AssetCheckSeverity.WARN
     assert {e.asset_key for e in run.get_asset_materialization_events()} >= {AssetKey("big"), AssetKey("small")}
 
-    load_orders(lake, start=40, count=10)
+    load_orders(lake, start=40, count=10)  # new good rows: the open row is still open
     run = materialize(assets_of(defs), resources=resources_of(defs), instance=instance)
     passed, meta = _evaluations(run)["outside_protocol"]
-    assert passed and meta["rows"] == 0 and meta["rows_in_queue"] == 1
+    assert not passed and meta["offsets"] == {"0": [[30, 31]]} and meta["rows_in_queue"] == 1
+    assert meta["judged_ranges"] == {"0": [[30, 31], [41, 51]]} and meta["memory_from_run"]
+
+    assert quarantine(lake, error_queue="errors", queue="enriched", partition="0", start=30, end=31,
+                      reason="a test producer's row") == 1
+    errors = lake.queue("errors").read_arrow(partition="0")
+    assert errors.filter(pc.equal(errors["exception_type"], OUTSIDE_PROTOCOL_EXCEPTION_TYPE)).num_rows == 1
+    passed, meta = _checks(defs, instance)["outside_protocol"]
+    assert passed and meta["rows"] == 0 and meta["closed_by_quarantine_rows"] == 1
+    assert meta["rows_in_queue"] == 1  # it stays in the queue: the audit still lists it
 
 
 def test_exactly_once_check_fails_on_a_step_delivered_twice(defs, lake, instance) -> None:
