@@ -49,7 +49,8 @@ def _setting(env: str, meaning: str, *, default: Any = None, kind: str = "text",
 
     ``kind``: ``text`` (an empty value counts as unset), ``optional`` (unset: None; set, even
     empty: the text, as pyspark reads its own variables), ``flag`` (unset, empty or ``0``: False;
-    anything else: True), ``choice`` (one of ``choices``, any case)."""
+    anything else: True), ``choice`` (one of ``choices``, any case), ``seconds`` (a whole number
+    of seconds, at least 1; an empty value counts as unset)."""
     return field(default=default, repr=not secret,
                  metadata={"env": env, "meaning": meaning, "kind": kind, "choices": choices,
                            "secret": secret})
@@ -89,6 +90,10 @@ class Settings:
     clock_file: str | None = _setting(
         "CUES_CLOCK_FILE", "a shared platform clock offset file (the jepsen time nemesis; "
         "`clock.py`); unset: real time", kind="optional")
+    sensor_interval: int = _setting(
+        "CUES_SENSOR_INTERVAL", "seconds between two ticks of each sensor of the Dagster deployment "
+        "(`minimum_interval_seconds`: the processors' new-data, sink, on-demand and recovery "
+        "sensors and the participants' sensors)", default=30, kind="seconds")
     dagster_home: str | None = _setting(
         "DAGSTER_HOME", "the Dagster instance of `cues demo` (unset: the project's "
         "`dagster_home/`)", kind="optional")
@@ -134,6 +139,8 @@ def parse(spec: Spec, raw: object, *, source: str) -> Any:
             f"value or unset it (default: {spec.default!r}; docs/settings.md)",
             variable=spec.env, setting=spec.name, source=source)
 
+    if spec.kind == "seconds" and isinstance(raw, int) and not isinstance(raw, bool):
+        raw = str(raw)  # TOML: sensor_interval = 5
     if spec.kind == "flag":
         if isinstance(raw, bool):
             return raw
@@ -152,6 +159,10 @@ def parse(spec: Spec, raw: object, *, source: str) -> Any:
         if upper not in spec.choices:
             raise bad(f"expected one of {', '.join(spec.choices)}")
         return upper
+    if spec.kind == "seconds":
+        if not value.isdigit() or int(value) < 1:
+            raise bad("expected a whole number of seconds, at least 1")
+        return int(value)
     return value
 
 

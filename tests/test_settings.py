@@ -97,6 +97,23 @@ def test_a_bad_value_names_the_variable_and_what_to_do(tmp_path: Path) -> None:
     assert result.exit_code == 2 and result.output.startswith("error: no lake at"), result.output
 
 
+def test_the_sensor_interval_is_whole_seconds_from_the_environment_or_the_file(tmp_path: Path) -> None:
+    assert load(env={}).sensor_interval == 30
+    assert load(env={"CUES_SENSOR_INTERVAL": " 5 "}).sensor_interval == 5
+    assert load(env={"CUES_SENSOR_INTERVAL": ""}).sensor_interval == 30  # empty: unset
+    toml = tmp_path / "cues.toml"
+    toml.write_text("sensor_interval = 7\n")
+    assert load(env={"CUES_CONFIG": str(toml)}).sensor_interval == 7
+    for bad in ("0", "-5", "2.5", "soon"):
+        with pytest.raises(SettingError, match=rf"bad value '{bad}' for CUES_SENSOR_INTERVAL .*whole number of "
+                                               r"seconds, at least 1; set CUES_SENSOR_INTERVAL to") as caught:
+            load(env={"CUES_SENSOR_INTERVAL": bad})
+        assert caught.value.variable == "CUES_SENSOR_INTERVAL"
+    toml.write_text("sensor_interval = true\n")
+    with pytest.raises(SettingError, match="expected text"):
+        load(env={"CUES_CONFIG": str(toml)})
+
+
 def test_a_secret_never_reaches_a_repr_or_an_error() -> None:
     s = load(env={"CUES_POSTGRES_DSN": "postgresql://u:hunter2@db/x"})
     assert s.postgres_dsn == "postgresql://u:hunter2@db/x"
