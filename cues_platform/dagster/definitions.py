@@ -30,6 +30,7 @@ from cues_platform.dagster.assets import (
 )
 from cues_platform.dagster.checks import build_checks
 from cues_platform.dagster.error_queues import error_queue_spec, error_queue_writers
+from cues_platform.dagster.freshness import Freshness, build_freshness_checks
 from cues_platform.dagster.io_manager import CuesIOManager
 from cues_platform.dagster.resources import BackingQueueResource, CuesSparkResource, LakeResource
 from cues_platform.dagster.sensors import TRIGGER_TAG, build_sensors, joined_sources
@@ -37,8 +38,10 @@ from cues_platform.dagster.step_io import STEP_IO_KEY, CuesStepIOManager
 from cues_platform.processing.errors import GraphError
 from cues_platform.processing.graph import AssetBody, Graph, Kind
 from cues_platform.processing.idle import graph_work
+from cues_platform.settings import current
 
 RESERVED_KEYS = (LAKE_KEY, SPARK_KEY, BACKING_KEY, IO_MANAGER_KEY, STEP_IO_KEY)
+DEFAULT_FRESHNESS = Freshness()
 
 
 def all_job_name(graph: Graph) -> str:
@@ -59,10 +62,11 @@ def build_definitions(
     schedule_cron: str | None = "*/15 * * * *",
     retry_policy: RetryPolicy | None = None,
     key_prefix: Sequence[str] = (),
-    sensor_interval_seconds: int = 30,
+    sensor_interval_seconds: int | None = None,
     max_recovery_attempts: int = 3,
     automation: DefaultSensorStatus = DefaultSensorStatus.RUNNING,
     producers: Mapping[str, Sequence[AssetKey]] | None = None,
+    freshness: Freshness | None = DEFAULT_FRESHNESS,
 ) -> Definitions:
     """Dagster definitions of ``graph``.
 
@@ -74,7 +78,12 @@ def build_definitions(
       (observed with its rows by processor and reason after each of their materializations);
     - blocking asset checks (``contract``, ``exactly_once``) per processor output;
     - a new-data sensor per processor with inputs (sink sensors for sinks), a recovery sensor
-      (for instances without run retries);
+      (for instances without run retries), every ``sensor_interval_seconds`` (default: the setting
+      ``CUES_SENSOR_INTERVAL``, 30 s);
+    - unless ``freshness`` is None, a non-blocking ``freshness`` check on the assets of every
+      processor with inputs and every source a join reads: the age of its oldest unread row, from
+      the queues, reported by its sensor without a run (``freshness.py``; default thresholds WARN
+      above 15 minutes, ERROR above 1 hour);
     - the job ``{graph}__all`` of every processor asset and, unless ``schedule_cron`` is None, the
       schedule ``{graph}__schedule`` running it;
     - ``automation``: the default status of every sensor and the schedule (RUNNING: the daemon
@@ -132,11 +141,16 @@ def build_definitions(
     schedules = []
     if schedule_cron:
         schedules.append(build_schedule(graph, job, schedule_cron, schedule_status(automation)))
+    interval = sensor_interval_seconds if sensor_interval_seconds is not None else current().sensor_interval
+    checks = build_checks(graph, prefix=prefix)
+    if freshness is not None:
+        checks = [*checks, *build_freshness_checks(graph, prefix=prefix, freshness=freshness)]
     return Definitions(
         assets=[*externals, *errors, *assets],
-        asset_checks=build_checks(graph, prefix=prefix),
-        sensors=build_sensors(graph, prefix=prefix, minimum_interval_seconds=sensor_interval_seconds,
-                              max_recovery_attempts=max_recovery_attempts, default_status=automation),
+        asset_checks=checks,
+        sensors=build_sensors(graph, prefix=prefix, minimum_interval_seconds=interval,
+                              max_recovery_attempts=max_recovery_attempts, default_status=automation,
+                              freshness=freshness),
         schedules=schedules,
         jobs=[job],
         resources=res,

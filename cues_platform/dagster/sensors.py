@@ -74,6 +74,7 @@ from dagster import (
 )
 
 from cues_platform.dagster.assets import LAKE_KEY, processor_keys
+from cues_platform.dagster.freshness import Freshness, evaluate, freshness_processors, sensor_report
 from cues_platform.processing.graph import Graph, Kind, Processor
 from cues_platform.processing.idle import LaneWork, family_work, source_wanted
 
@@ -143,33 +144,42 @@ def sensor_name(graph: Graph, proc: Processor) -> str:
 
 def build_new_data_sensor(graph: Graph, proc: Processor, *, prefix: Sequence[str] = (),
                           minimum_interval_seconds: int = 30,
-                          default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING) -> Any:
+                          default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING,
+                          freshness: Freshness | None = None) -> Any:
     keys = processor_keys(proc, prefix)
     pid = proc.id
     what = "sink" if proc.kind is Kind.SINK else "processor"
     queues = ", ".join(input_queues(proc))
+    name = sensor_name(graph, proc)
+    fresh = ("; reports its freshness check (the age of its oldest unread row)"
+             if freshness is not None else "")
 
-    @sensor(name=sensor_name(graph, proc), target=processor_job(graph, proc, prefix),
+    @sensor(name=name, target=processor_job(graph, proc, prefix),
             minimum_interval_seconds=minimum_interval_seconds, default_status=default_status,
             required_resource_keys={LAKE_KEY},
             description=f"Runs {what} {pid!r} when it has rows of {queues} it has not read (its "
-                        "lag, from the queues' offsets and its positions), or a step to recover.")
+                        f"lag, from the queues' offsets and its positions), or a step to recover{fresh}.")
     def _new_data(context: SensorEvaluationContext):
         lake = getattr(context.resources, LAKE_KEY).lake()
         works = family_work(lake, graph, pid)
         ends, read = input_state(works, graph)
-        cursor = json.dumps({"ends": ends, "read": read}, sort_keys=True)
         previous = json.loads(context.cursor) if context.cursor else {}
+        state: dict[str, Any] = {"ends": ends, "read": read}
+        events: list[Any] = []
+        if freshness is not None:
+            verdict = evaluate(lake, graph, pid, freshness, works=works)
+            events, state["freshness"] = sensor_report(verdict, keys, previous.get("freshness"), sensor=name)
+        cursor = json.dumps(state, sort_keys=True)
         busy = [w for w in works if w.has_work]
         if not busy:
             if not any(ends.values()):
                 return SensorResult(skip_reason=SkipReason(f"the input queues are empty ({queues})"),
-                                    cursor=cursor)
+                                    cursor=cursor, asset_events=events)
             lag = sum(w.lag for w in works)
             why = (f"no new commits with rows {pid!r} has not read on {queues}" if not lag else
                    f"{pid!r} waits for every input to have unread rows (lag {lag}: "
                    f"{ {w.processor: w.unread for w in works} })")
-            return SensorResult(skip_reason=SkipReason(why), cursor=cursor)
+            return SensorResult(skip_reason=SkipReason(why), cursor=cursor, asset_events=events)
         trigger = "new_data" if previous.get("ends") != ends else "catch_up"
         pending = [w.pending for w in busy if w.pending]
         tags = {TRIGGER_TAG: trigger, "cues/processor": pid,
@@ -177,41 +187,51 @@ def build_new_data_sensor(graph: Graph, proc: Processor, *, prefix: Sequence[str
         if pending:
             tags["cues/pending"] = pending[0][:200]
         request = RunRequest(run_key=lag_run_key(pid, ends, read), asset_selection=keys, tags=tags)
-        return SensorResult(run_requests=[request], cursor=cursor)
+        return SensorResult(run_requests=[request], cursor=cursor, asset_events=events)
 
     return _new_data
 
 
 def build_on_demand_sensor(graph: Graph, proc: Processor, *, prefix: Sequence[str] = (),
                            minimum_interval_seconds: int = 30,
-                           default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING) -> Any:
+                           default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING,
+                           freshness: Freshness | None = None) -> Any:
     """The sensor of a source read by a join (see the module docstring)."""
     keys = processor_keys(proc, prefix)
     pid = proc.id
+    name = sensor_name(graph, proc)
     outs = {o.queue for o in proc.outputs.values()}
     joins = sorted({p.family or p.id for p in graph.processors.values()
                     if p.kind is Kind.JOIN and any(i.queue in outs for i in p.inputs.values())})
 
-    @sensor(name=sensor_name(graph, proc), target=processor_job(graph, proc, prefix),
+    @sensor(name=name, target=processor_job(graph, proc, prefix),
             minimum_interval_seconds=minimum_interval_seconds, default_status=default_status,
             required_resource_keys={LAKE_KEY},
             description=f"Runs source {pid!r} when join {', '.join(joins)} waits for it: unread rows "
-                        f"on its other inputs, none on {', '.join(sorted(outs))}.")
+                        f"on its other inputs, none on {', '.join(sorted(outs))}"
+                        + ("; reports its freshness check (how long a join has waited for it)."
+                           if freshness is not None else "."))
     def _on_demand(context: SensorEvaluationContext):
         lake = getattr(context.resources, LAKE_KEY).lake()
         why = source_wanted(lake, graph, pid)
         states = [input_state(family_work(lake, graph, j), graph) for j in joins]
         body = "+".join(f"{q}.o{e}" for ends, _ in states for q, e in sorted(ends.items()))
         read = sum(r for _, r in states)
-        cursor = json.dumps({"ends": [e for e, _ in states], "read": read}, sort_keys=True)
+        previous = json.loads(context.cursor) if context.cursor else {}
+        state: dict[str, Any] = {"ends": [e for e, _ in states], "read": read}
+        events: list[Any] = []
+        if freshness is not None:
+            verdict = evaluate(lake, graph, pid, freshness)
+            events, state["freshness"] = sensor_report(verdict, keys, previous.get("freshness"), sensor=name)
+        cursor = json.dumps(state, sort_keys=True)
         if not why:
             return SensorResult(skip_reason=SkipReason(
                 f"no join waits for {pid!r} ({', '.join(joins)} read every row it has, or has "
-                "unread rows of its output)"), cursor=cursor)
+                "unread rows of its output)"), cursor=cursor, asset_events=events)
         request = RunRequest(run_key=_short(pid, f"for.{body}+read.{read}"), asset_selection=keys,
                              tags={TRIGGER_TAG: "on_demand", "cues/processor": pid,
                                    "cues/waiting": why[:200]})
-        return SensorResult(run_requests=[request], cursor=cursor)
+        return SensorResult(run_requests=[request], cursor=cursor, asset_events=events)
 
     return _on_demand
 
@@ -318,14 +338,20 @@ def build_recovery_sensor(graph: Graph, *, prefix: Sequence[str] = (), max_attem
 
 def build_sensors(graph: Graph, *, prefix: Sequence[str] = (), minimum_interval_seconds: int = 30,
                   max_recovery_attempts: int = 3,
-                  default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING) -> list[Any]:
+                  default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING,
+                  freshness: Freshness | None = None) -> list[Any]:
+    """The graph's sensors; with ``freshness``, each new-data/sink/on-demand sensor also reports
+    the ``freshness`` check of its processor's assets (``freshness.py``)."""
+    checked = set(freshness_processors(graph)) if freshness is not None else set()
     out = [build_new_data_sensor(graph, graph.as_declared(pid), prefix=prefix,
                                  minimum_interval_seconds=minimum_interval_seconds,
-                                 default_status=default_status)
+                                 default_status=default_status,
+                                 freshness=freshness if pid in checked else None)
            for pid in graph.family_order() if graph.as_declared(pid).inputs]
     out += [build_on_demand_sensor(graph, graph.as_declared(pid), prefix=prefix,
                                    minimum_interval_seconds=minimum_interval_seconds,
-                                   default_status=default_status)
+                                   default_status=default_status,
+                                   freshness=freshness if pid in checked else None)
             for pid in joined_sources(graph)]
     out.append(build_recovery_sensor(graph, prefix=prefix, max_attempts=max_recovery_attempts,
                                      minimum_interval_seconds=minimum_interval_seconds,

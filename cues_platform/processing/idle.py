@@ -22,6 +22,10 @@ what the reference ``fx`` source publishes on.
 
 from __future__ import annotations
 
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from deltalake import DeltaTable
@@ -32,9 +36,11 @@ from cues_platform.processing.home import home_of, read_home
 from cues_platform.processing.model import Kind, Processor, Strategy
 from cues_platform.processing.sources import is_source_like
 from cues_platform.queues import Lake
+from cues_platform.queues.integrity import TableStorage, _parse_ranges, commit_path
 from cues_platform.queues.positions import PositionStore
 
-__all__ = ["LaneWork", "family_work", "graph_work", "lane_work", "source_wanted"]
+__all__ = ["LaneWork", "UnreadAge", "family_oldest_unread", "family_work", "graph_work", "lane_oldest_unread",
+           "lane_work", "offset_commit", "source_wanted"]
 
 
 @dataclass(frozen=True)
@@ -169,3 +175,174 @@ def graph_work(lake: Lake, graph: Graph) -> dict[str, str]:
                 out[family] = work.pending or f"lag {work.lag} on {work.unread}"
                 break
     return out
+
+
+# -- the age of the oldest unread row (freshness), from the Delta logs ------------------------------
+@dataclass(frozen=True)
+class UnreadAge:
+    """The oldest unread row of a processor (the first unread offset of its laggiest lane).
+
+    ``committed_ms``: the ``commitInfo.timestamp`` of the Delta version that wrote that offset (the
+    writer's clock, epoch milliseconds). ``exact`` is False when that commit entry is gone (a log
+    cleanup removed it): ``committed_ms`` is then the timestamp of the oldest commit entry still
+    in the log, so the age computed from it is a lower bound. ``version`` is None in that case."""
+
+    processor: str
+    queue: str
+    partition: str
+    offset: int
+    unread: int
+    version: int | None
+    committed_ms: int
+    exact: bool = True
+
+    def age_ms(self, now_ms: int) -> int:
+        """``now_ms - committed_ms``, never negative (a writer's clock ahead of ``now_ms``'s)."""
+        return max(0, now_ms - self.committed_ms)
+
+
+@dataclass(frozen=True)
+class _Commit:
+    timestamp: int | None
+    ranges: dict[str, tuple[int, int]]
+
+
+_COMMITS: OrderedDict[tuple[str, str, int], _Commit] = OrderedDict()  # (uri, table id, version)
+_COMMITS_MAX = 100_000  # a commit entry never changes: parsed once per process (sensor ticks)
+_COMMITS_LOCK = threading.Lock()
+
+
+def _commit(storage: TableStorage, table: tuple[str, str], version: int) -> _Commit | None:
+    """What commit ``version`` says (timestamp, ``cues.ranges``), or None when its entry is gone."""
+    key = (*table, version)
+    with _COMMITS_LOCK:
+        hit = _COMMITS.get(key)
+        if hit is not None:
+            _COMMITS.move_to_end(key)
+            return hit
+    raw = storage.read(commit_path(version))
+    if raw is None:
+        return None
+    info: dict = {}
+    for line in raw.splitlines():
+        if line.strip().startswith(b'{"commitInfo"'):
+            info = json.loads(line).get("commitInfo", {})
+            break
+    stamp = info.get("timestamp")
+    entry = _Commit(int(stamp) if isinstance(stamp, int | float) else None,
+                    _parse_ranges(info["cues.ranges"]) if isinstance(info.get("cues.ranges"), str) else {})
+    with _COMMITS_LOCK:
+        _COMMITS[key] = entry
+        while len(_COMMITS) > _COMMITS_MAX:
+            _COMMITS.popitem(last=False)
+    return entry
+
+
+def offset_commit(lake: Lake, queue: str, partition: str, offset: int) -> tuple[int | None, int, bool] | None:
+    """``(version, commit timestamp ms, exact)`` of the Delta commit that wrote ``offset`` of
+    ``queue``/``partition``, read from the commit entries only (each data commit names its offsets
+    in ``cues.ranges``; offsets grow with versions, so a binary search over versions, each probe
+    walking down to the nearest commit of the partition). When the commit's entry was removed by
+    a log cleanup: ``(None, timestamp of the oldest entry still there, False)``, a lower bound on
+    the age. None when no commit entry names the offset and none is missing (not written yet)."""
+    q = lake.queue(queue)
+    dt = q.refresh()
+    storage = TableStorage(q.uri, lake.options)
+    table = (q.uri, str(dt.metadata().id))
+    lo, hi = 0, dt.version()
+    oldest: tuple[int, int] | None = None  # (version, timestamp) of the oldest entry read
+    gone = False
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        v, hit = mid, None
+        while v >= lo:
+            entry = _commit(storage, table, v)
+            if entry is None:  # a cleanup removes the oldest entries first: all below are gone
+                gone = True
+                break
+            if entry.timestamp is not None and (oldest is None or v < oldest[0]):
+                oldest = (v, entry.timestamp)
+            if partition in entry.ranges and entry.timestamp is not None:
+                hit = (v, entry)
+                break
+            v -= 1
+        if hit is None:
+            lo = mid + 1
+            continue
+        version, entry = hit
+        start, end = entry.ranges[partition]
+        if start <= offset < end:
+            return version, entry.timestamp, True  # type: ignore[return-value]
+        if end <= offset:
+            lo = mid + 1
+        else:
+            hi = version - 1
+    if gone and oldest is not None:
+        return None, oldest[1], False
+    return None
+
+
+def lane_oldest_unread(lake: Lake, proc: Processor, work: LaneWork,
+                       bindings: Sequence[str] | None = None) -> UnreadAge | None:
+    """The oldest unread row of lane ``proc`` (of ``bindings``, default every input), or None
+    when it has read everything there."""
+    best: UnreadAge | None = None
+    for binding, unread in work.unread.items():
+        if not unread or (bindings is not None and binding not in bindings):
+            continue
+        src = proc.inputs[binding]
+        first = max(work.positions.get(binding, 0), _start(lake, src.queue, src.partition))
+        if first >= work.ends[binding]:  # retention removed every unread row
+            continue
+        found = offset_commit(lake, src.queue, src.partition, first)
+        if found is None:
+            continue
+        version, stamp, exact = found
+        age = UnreadAge(proc.id, src.queue, src.partition, first, work.ends[binding] - first,
+                        version, stamp, exact)
+        if best is None or age.committed_ms < best.committed_ms:
+            best = age
+    return best
+
+
+def family_oldest_unread(lake: Lake, graph: Graph, family: str,
+                         works: Sequence[LaneWork] | None = None) -> UnreadAge | None:
+    """The oldest unread row over every lane of processor ``family`` (its laggiest lane); for a
+    source a join reads, the oldest row a join waits with for it (:func:`source_wanted`)."""
+    declared = graph.as_declared(family)
+    if declared.kind is Kind.SOURCE:
+        return _waited_for(lake, graph, family)
+    current = graph.with_lake_partitions({q: lake.queue(q).partitions for q in graph.queues
+                                          if lake.has_queue(q)})
+    lanes = [current.processors[pid] for pid in current.families.get(family, [family])]
+    works = list(works) if works is not None else [lane_work(lake, p) for p in lanes]
+    by_id = {p.id: p for p in lanes}
+    best: UnreadAge | None = None
+    for work in works:
+        proc = by_id.get(work.processor)
+        if proc is None or not proc.inputs:
+            continue
+        age = lane_oldest_unread(lake, proc, work)
+        if age is not None and (best is None or age.committed_ms < best.committed_ms):
+            best = age
+    return best
+
+
+def _waited_for(lake: Lake, graph: Graph, source: str) -> UnreadAge | None:
+    """The oldest unread row of a join lane waiting for ``source`` (see :func:`source_wanted`)."""
+    proc = graph.processors[source]
+    outs = {o.queue for o in proc.outputs.values()}
+    best: UnreadAge | None = None
+    for reader in graph.processors.values():
+        if reader.kind is not Kind.JOIN or not any(i.queue in outs for i in reader.inputs.values()):
+            continue
+        work = lane_work(lake, reader)
+        mine = [b for b, i in reader.inputs.items() if i.queue in outs]
+        others = [b for b in reader.inputs if b not in mine]
+        unread = work.unread
+        if work.pending or not others or not all(unread[b] for b in others) or any(unread[b] for b in mine):
+            continue
+        age = lane_oldest_unread(lake, reader, work, others)
+        if age is not None and (best is None or age.committed_ms < best.committed_ms):
+            best = age
+    return best
