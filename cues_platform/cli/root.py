@@ -11,6 +11,7 @@ from cues_platform.cli.common import CuesGroup
 from cues_platform.cli.demo import demo
 from cues_platform.cli.graph import graph_group
 from cues_platform.cli.processor import processor
+from cues_platform.cli.quarantine import quarantine_group
 from cues_platform.cli.queue import queue
 from cues_platform.cli.run import run_command
 from cues_platform.cli.txn import txn
@@ -35,5 +36,6 @@ main.add_command(jepsen)  # cues jepsen
 main.add_command(spark)  # cues spark
 main.add_command(processor)  # cues processor
 main.add_command(txn)  # cues txn
+main.add_command(quarantine_group)  # cues quarantine (rows a contract/outside_protocol check holds open)
 
 __all__ = ["main"]

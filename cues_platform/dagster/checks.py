@@ -72,7 +72,7 @@ from cues_platform.dagster.check_quarantine import quarantined_runs
 from cues_platform.dagster.error_queues import error_counts, error_queue_writers
 from cues_platform.dagster.materialize import latest_metadata
 from cues_platform.dagster.resources import spark_session_of
-from cues_platform.processing.contracts import contract_kind
+from cues_platform.processing.contracts import contract_kind, rows_as_json
 from cues_platform.processing.failures import Origin, origin_of_exception_type
 from cues_platform.processing.graph import Graph, Processor
 from cues_platform.queues import Lake, OffsetOutOfRangeError
@@ -378,8 +378,6 @@ def _evaluate_outside(lake: Lake, q: str, contract: Any, *, memory: CheckMemory,
 
 def rows_sample(lake: Lake, q: str, runs: Runs, *, limit: int = MAX_LISTED) -> str:
     """A markdown table of the first ``limit`` rows of ``runs``: partition, offset, payload."""
-    from cues_platform.processing.contracts import rows_as_json
-
     queue = lake.queue(q)
     payload = [c for c in queue.payload_schema.names if c not in RESERVED]
     lines = ["| partition | offset | payload |", "|---|---|---|"]
