@@ -10,13 +10,20 @@ the same lake: the same queues, hashes, positions and backing records.
 The function is called ``fn(ctx, **frames)``: ``ctx`` is the step's
 :class:`~cues_platform.processing.StepContext` (``ctx.delivery_hash``, ``ctx.resources``, and
 ``ctx.host``: Dagster's ``AssetExecutionContext`` in the asset body), every input binding a lazy
-Spark DataFrame of the step's range. One materialization is one step: ``batch_size`` offsets, or a
-backlog step up to ``max_batch_size`` (``processing/batching.py``).
+Spark DataFrame of the step's range. One materialization is one step of each lane: ``batch_size``
+offsets, or a backlog step up to ``max_batch_size`` (``processing/batching.py``).
 
-Kinds: map, join, alts, fork and sink (``@processor_asset``), and a source (a ``Processor`` of
-kind ``SOURCE`` with ``asset_body=AssetBody.FUNCTION``): it has no input for the step IO manager
-to load, so its body opens the step through that IO manager and calls ``fn(ctx)``. An imperative
-processor has no step to split in phases and is refused.
+Lanes: a processor over every partition of a queue (``In(queue)``: one lane per partition,
+``processing/lanes.py``) is one multi-asset too. Its materialization opens one step per lane with
+work (an idle lane is not started and commits nothing), calls the function once per such lane
+(``ctx.processor_id`` and ``ctx.delivery_hash`` are the lane's) and delivers each lane's step
+through the lane's own protocol (``step_io.py``): each lane's commits are its own, so a failure
+in one lane leaves the lanes delivered before it delivered, and the retry recovers that lane.
+
+Kinds: source, map, join, alts, fork and sink (``@processor_asset``, or a ``Processor`` with
+``asset_body=AssetBody.FUNCTION``). A source has no input for the step IO manager to load, so its
+body opens the step through that IO manager and calls ``fn(ctx)``. An imperative processor has no
+step to split in phases and is refused.
 """
 
 import dataclasses
@@ -43,7 +50,7 @@ from cues_platform.dagster.step_io import (
 )
 from cues_platform.processing.decorators import FUNCTION_KINDS, processor_asset
 from cues_platform.processing.errors import GraphError
-from cues_platform.processing.graph import Graph, Kind, Processor
+from cues_platform.processing.graph import Graph, Processor
 
 
 def build_function_asset(graph: Graph, proc: Processor, *, specs: Sequence[Any], prefix: Sequence[str],
@@ -51,7 +58,7 @@ def build_function_asset(graph: Graph, proc: Processor, *, specs: Sequence[Any],
                          resource_keys: Sequence[str], user_keys: Sequence[str]) -> Any:
     """The multi-asset of a function processor (``specs``: as the runner face's, one per output
     queue or one named after a sink)."""
-    if proc.kind not in (*FUNCTION_KINDS, Kind.SOURCE):
+    if proc.kind not in FUNCTION_KINDS:
         raise GraphError(f"processor {proc.id!r}: a {proc.kind.value} cannot have asset_body=function "
                          "(its function is not called on input ranges)", processor=proc.id)
     ins = {binding: AssetIn(key=queue_key(src.queue, prefix), input_manager_key=STEP_IO_KEY,
@@ -65,16 +72,18 @@ def build_function_asset(graph: Graph, proc: Processor, *, specs: Sequence[Any],
     # a source has no input to load: its body opens the step through the step IO manager
     opener = (STEP_IO_KEY,) if not ins else ()
 
-    def _body(context: AssetExecutionContext, config: FaultConfig, **frames: StepInput):
-        if frames:
-            run = next(iter(frames.values())).run
+    def _body(context: AssetExecutionContext, config: FaultConfig, **inputs: StepInput):
+        if inputs:
+            run = next(iter(inputs.values())).run
         else:
             with failure_headline(proc.id):
                 run = getattr(context.resources, STEP_IO_KEY).open_run(target, config)
-        phased = run.phased
-        if phased.snapshot is not None:
-            ctx = dataclasses.replace(phased.context(), host=context,
-                                      resources={k: getattr(context.resources, k) for k in keys})
+        resources = {k: getattr(context.resources, k) for k in keys}
+        for lane in run.started_lanes:  # the function once per lane with a step, in lane order
+            phased = lane.phased
+            if phased is None or phased.snapshot is None:
+                continue
+            ctx = dataclasses.replace(phased.context(), host=context, resources=resources)
             with failure_headline(proc.id):  # a failure's headline is its cause in one line
                 phased.call(ctx)
         for out_name in outs:

@@ -7,9 +7,18 @@ body is that function (``cues_platform/dagster/function_assets.py``).
 
 gives a :class:`~cues_platform.processing.Processor` (kind from its bindings: one input and one
 output a map, several inputs a join, several outputs a fork, no output a sink; ``kind=Kind.ALTS``
-to take whichever input has data) with ``asset_body=AssetBody.FUNCTION``, which goes into
-``Graph.build`` like any other processor and runs unchanged under ``cues run``. This module does
-not import Dagster.
+to take whichever input has data; ``kind=Kind.SOURCE`` with ``inputs={}`` for a source, called
+``fn(ctx)`` with ``ctx.step`` its saved step counter) with ``asset_body=AssetBody.FUNCTION``,
+which goes into ``Graph.build`` like any other processor and runs unchanged under ``cues run``.
+
+An input given as a queue name, or as ``In(queue)``, reads every partition of the queue: one lane
+per partition (``processing/lanes.py``; one lane for a queue of one partition); its Dagster asset
+steps each lane with work once per materialization. ``In(queue, "p")`` reads partition ``p``
+only. This module does not import Dagster.
+
+    @processor_asset(inputs={}, outputs="ticks", kind=Kind.SOURCE)
+    def tick(ctx):
+        return pa.table({"n": [ctx.step]})  # None: nothing to produce now
 """
 
 from collections.abc import Callable, Mapping
@@ -18,7 +27,7 @@ from typing import Any
 from cues_platform.processing.errors import GraphError
 from cues_platform.processing.model import AssetBody, In, Kind, Options, Out, Processor
 
-FUNCTION_KINDS = (Kind.MAP, Kind.JOIN, Kind.ALTS, Kind.FORK, Kind.SINK)
+FUNCTION_KINDS = (Kind.SOURCE, Kind.MAP, Kind.JOIN, Kind.ALTS, Kind.FORK, Kind.SINK)
 _RESERVED_INPUTS = {"context", "config"}
 
 
@@ -28,9 +37,11 @@ def processor_asset(*, inputs: Mapping[str, In | str], outputs: Out | str | Mapp
                     description: str = "") -> Callable[[Callable[..., Any]], Processor]:
     """Decorate a processor function into a processor whose Dagster asset body is that function.
 
-    ``inputs``: binding -> queue (partition "0") or :class:`In`. ``outputs``: one queue (binding
-    ``out``), an :class:`Out`, a mapping binding -> queue/:class:`Out` (a fork), or None (a sink).
-    ``name``: the processor id (default: the function's name)."""
+    ``inputs``: binding -> queue (every partition: one lane each) or :class:`In` (empty for a
+    source). ``outputs``: one queue (binding ``out``), an :class:`Out`, a mapping binding ->
+    queue/:class:`Out` (a fork or a source with several outputs), or None (a sink). ``kind``:
+    inferred from the bindings; ``Kind.ALTS`` or ``Kind.SOURCE`` must be given. ``name``: the
+    processor id (default: the function's name)."""
 
     def decorate(fn: Callable[..., Any]) -> Processor:
         pid = name or getattr(fn, "__name__", "")
@@ -38,8 +49,13 @@ def processor_asset(*, inputs: Mapping[str, In | str], outputs: Out | str | Mapp
         outs = _outs(outputs)
         chosen = kind or _infer_kind(pid, len(ins), len(outs))
         if chosen not in FUNCTION_KINDS:
-            raise GraphError(f"processor {pid!r}: @processor_asset makes a map, join, alts, fork or "
-                             f"sink, not a {chosen.value}", processor=pid)
+            raise GraphError(f"processor {pid!r}: @processor_asset makes a source, map, join, alts, "
+                             f"fork or sink, not a {chosen.value}", processor=pid)
+        if chosen is Kind.SOURCE and (ins or not outs):
+            raise GraphError(f"processor {pid!r}: kind=Kind.SOURCE takes no inputs and at least one "
+                             f"output (it has inputs {sorted(ins)} and outputs {sorted(outs)}): a "
+                             "processor that reads a queue is not a source; drop kind=Kind.SOURCE or "
+                             "the inputs", processor=pid)
         return Processor(pid, chosen, fn, ins, outs, error_queue=error_queue,
                          options=options or Options(), description=description,
                          asset_body=AssetBody.FUNCTION)
@@ -72,7 +88,8 @@ def _infer_kind(pid: str, n_in: int, n_out: int) -> Kind:
         return Kind.JOIN
     if n_in == 1:
         return Kind.MAP
-    raise GraphError(f"processor {pid!r}: @processor_asset needs at least one input", processor=pid)
+    raise GraphError(f"processor {pid!r}: @processor_asset needs at least one input, or "
+                     "kind=Kind.SOURCE for a source (fn(ctx) produces rows from outside)", processor=pid)
 
 
 __all__ = ["FUNCTION_KINDS", "processor_asset"]
