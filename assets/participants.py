@@ -7,8 +7,19 @@ results; a consumer processes its POSTINGS subject until drained through its exa
 processor, on the run's Spark session) and reports its counts by status; the asset check
 ``no_consistency_issues``, which FAILS while its database holds a consistency issue (a result for
 an unknown message, a duplicate or malformed result); and a sensor on its input queue (sensors in
-``participants_sensors.py``). A job ``participants__all`` and a schedule run every pass, which is
-also what publishes postings recorded while no result arrives.
+``participants_sensors.py``; each sensor's runs carry the job ``participants__<id>``). A job
+``participants__all`` and its schedule run every pass when some participant has work, which is also
+what publishes postings recorded while no result arrives.
+
+What the schedule calls work (:func:`participant_work`), and why it can say "nothing": a
+consumer's pass steps its exactly-once processor ``consume-<id>`` until POSTINGS subject ``<id>`` is
+drained, so it has work exactly when that lane has (unread rows or a step to recover), which the
+lake's Delta logs say (``processing/idle.py``). A producer's pass publishes the postings its
+database holds unacked (``nacked_posting``: recorded by the application straight into the
+database, which no queue shows) and applies the RESULTS rows after its subscription position (also
+in the database): so the schedule asks the database, read-only (``SELECT``, never creating it): a
+producer with no database has recorded nothing. When the database cannot be asked (unreachable,
+not migrated, any error), the schedule cannot prove there is nothing to do and runs, saying why.
 
 Which participants: ``participant_defs(...)`` with a mapping ``{id: dsn or None}`` (producers) or
 :class:`ParticipantConfig` s; by default ``$CUES_PARTICIPANTS`` (``bank-a:producer,bank-x:consumer``,
@@ -35,10 +46,13 @@ from dagster import (
     Definitions,
     MaterializeResult,
     MetadataValue,
-    ScheduleDefinition,
+    RunRequest,
+    ScheduleEvaluationContext,
+    SkipReason,
     asset,
     asset_check,
     define_asset_job,
+    schedule,
 )
 from pydantic import Field
 
@@ -105,6 +119,88 @@ def configured_participants() -> list[ParticipantConfig]:
 
 def asset_key(participant: str) -> AssetKey:
     return AssetKey(f"participant_{participant.replace('-', '_')}_messages")
+
+
+def participant_job_name(participant: str) -> str:
+    """``participants__<id>`` ('-' as '_'): the job of one participant's asset, the name its
+    sensor's runs carry (a run of an asset selection alone is ``__anonymous_asset_job_...``)."""
+    return f"{GROUP}__{participant.replace('-', '_')}"
+
+
+def _never(ctx: object, postings: object) -> None:  # noqa: ARG001 - the lane's shape only
+    raise AssertionError("the schedule reads the consumer lane's positions; it never steps it")
+
+
+def consumer_lane(participant: str):  # noqa: ANN201 - a Processor
+    """The shape of consumer ``participant``'s exactly-once processor (``ConsumerInstance.graph``:
+    id, input, home queue), enough to read its positions and recovery state from the lake."""
+    from cues_platform.participants.model import POSTINGS, RESULTS
+    from cues_platform.processing import In, Kind, Out, Processor
+
+    return Processor(id=f"consume-{participant}", kind=Kind.MAP, fn=_never,
+                     inputs={"postings": In(POSTINGS, participant)},
+                     outputs={"results": Out(RESULTS, partition=None, partition_column="sender")})
+
+
+def participant_work(lake, p: ParticipantConfig) -> str:  # noqa: ANN001 - a Lake
+    """Why a pass of ``p`` has something to do now (empty: provably nothing; module docstring)."""
+    from cues_platform.participants.model import RESULTS
+    from cues_platform.processing.idle import lane_work
+
+    if p.role is Role.CONSUMER:
+        work = lane_work(lake, consumer_lane(p.id))
+        if work.pending:
+            return f"consumer {p.id}: {work.pending}"
+        return f"consumer {p.id}: {work.lag} unread posting(s)" if work.lag else ""
+    import psycopg
+
+    from cues_platform.participants.db import participant_dsn
+    from cues_platform.participants.errors import MissingDatabaseError
+
+    env = secret(f"CUES_PARTICIPANT_DSN_{p.id.upper().replace('-', '_')}")  # never logged
+    try:
+        dsn = participant_dsn(p.id, dsn=p.dsn or env, data_dir=current().participants_data, create=False)
+    except MissingDatabaseError:
+        return ""  # no database: nothing was ever recorded, nothing published, no result awaited
+    end = 0
+    if lake.has_queue(RESULTS) and p.id in lake.queue(RESULTS).partitions:
+        end = lake.queue(RESULTS).next_offset(p.id)
+    try:
+        with psycopg.connect(dsn, connect_timeout=10) as conn:
+            (nacked,) = conn.execute(
+                "SELECT count(*) FROM messages WHERE ack_status = 'nacked_posting'").fetchone()
+            row = conn.execute("SELECT position FROM subscriptions WHERE queue = %s AND partition = %s",
+                               (RESULTS, p.id)).fetchone()
+    except psycopg.Error as exc:
+        return (f"producer {p.id}: its database could not be asked ({type(exc).__name__}), so it may "
+                "hold postings to publish")
+    position = int(row[0]) if row is not None else 0
+    why = []
+    if nacked:
+        why.append(f"{nacked} posting(s) recorded and not acked")
+    if end > position:
+        why.append(f"{end - position} result(s) on {RESULTS} after its position {position}")
+    return f"producer {p.id}: {', '.join(why)}" if why else ""
+
+
+def build_participants_schedule(configs: Sequence[ParticipantConfig], job, cron: str,  # noqa: ANN001
+                                status) -> object:  # noqa: ANN001
+    """The schedule ``participants__schedule``: a run of ``participants__all`` when some
+    participant has work (:func:`participant_work`), a skip saying so otherwise."""
+
+    @schedule(name=SCHEDULE_NAME, cron_schedule=cron, job=job, default_status=status,
+              required_resource_keys={PARTICIPANTS_LAKE_KEY},
+              description="one pass of every participant when one has work: unacked postings or "
+                          "unapplied results in a producer's database, unread postings of a consumer")
+    def _schedule(context: ScheduleEvaluationContext):
+        lake = getattr(context.resources, PARTICIPANTS_LAKE_KEY).lake()
+        work = [w for w in (participant_work(lake, p) for p in configs) if w]
+        if not work:
+            return SkipReason("no participant has work: every producer's postings are acked and its "
+                              "results applied, every consumer has read its postings")
+        return RunRequest(tags={"cues/trigger": "schedule", "cues/work": "; ".join(work)[:250]})
+
+    return _schedule
 
 
 def _dsn(participant: str, dsn: str | None) -> str:
@@ -208,12 +304,13 @@ def _configs(participants: Mapping[str, str | None] | Sequence[ParticipantConfig
 
 
 def participant_defs(participants: Mapping[str, str | None] | Sequence[ParticipantConfig] | None = None,
-                     *, sensor_interval_seconds: int = 30,
+                     *, sensor_interval_seconds: int | None = None,
                      schedule_cron: str | None = "*/5 * * * *",
                      automation: DefaultSensorStatus = DefaultSensorStatus.RUNNING) -> Definitions:
     """Assets, checks, sensors, the job ``participants__all`` and its schedule (no resources:
     the deployment provides ``participants_lake`` and ``spark``). ``automation``: the default
-    status of the sensors and the schedule (RUNNING: on as soon as the daemon loads them)."""
+    status of the sensors and the schedule (RUNNING: on as soon as the daemon loads them).
+    ``sensor_interval_seconds``: default the setting ``CUES_SENSOR_INTERVAL`` (30 s)."""
     from assets.participants_sensors import build_participant_sensor
     from cues_platform.dagster.definitions import schedule_status
 
@@ -223,10 +320,15 @@ def participant_defs(participants: Mapping[str, str | None] | Sequence[Participa
     assets_ = [build_participant_asset(p, producers if p.role is Role.CONSUMER else ())
                for p in configs]
     checks = [build_consistency_check(p) for p in configs]
+    interval = sensor_interval_seconds if sensor_interval_seconds is not None else current().sensor_interval
     sensors = [build_participant_sensor(p.id, p.role, asset_key(p.id),
                                         lake_key=PARTICIPANTS_LAKE_KEY,
-                                        minimum_interval_seconds=sensor_interval_seconds,
-                                        default_status=automation)
+                                        minimum_interval_seconds=interval,
+                                        default_status=automation,
+                                        job=define_asset_job(participant_job_name(p.id),
+                                                             selection=AssetSelection.assets(asset_key(p.id)),
+                                                             description=f"one pass of participant {p.id}",
+                                                             tags={"cues/group": GROUP, "cues/participant": p.id}))
                for p in configs]
     # one run: producers publish, then consumers process; the next run's producer passes apply
     # the results
@@ -237,8 +339,7 @@ def participant_defs(participants: Mapping[str, str | None] | Sequence[Participa
                                description="one pass of every participant", tags={"cues/group": GROUP})
         jobs.append(job)
         if schedule_cron:
-            schedules.append(ScheduleDefinition(name=SCHEDULE_NAME, cron_schedule=schedule_cron,
-                                                job=job, description="one pass of every participant",
-                                                default_status=schedule_status(automation)))
+            schedules.append(build_participants_schedule(configs, job, schedule_cron,
+                                                         schedule_status(automation)))
     return Definitions(assets=assets_, asset_checks=checks, sensors=sensors, jobs=jobs,
                        schedules=schedules)

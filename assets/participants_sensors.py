@@ -9,7 +9,8 @@ its cursor was saved asks again with the same key, which Dagster launches once. 
 the lake's Delta log only (resource ``participants_lake``), never a database.
 
 A producer also has work when postings are recorded in its database, which no queue shows: the
-schedule ``participants__schedule`` (or a materialization by hand) publishes those.
+schedule ``participants__schedule`` (or a materialization by hand) publishes those; it asks the
+databases and skips when no participant has work (``participants.py``).
 """
 
 from __future__ import annotations
@@ -51,11 +52,12 @@ def input_state(lake: Any, queue: str, subject: str) -> dict[str, int]:
 
 def build_participant_sensor(participant: str, role: Role, key: AssetKey, *, lake_key: str,
                              minimum_interval_seconds: int = 30,
-                             default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING
-                             ) -> Any:
+                             default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING,
+                             job: Any = None) -> Any:
+    """``job``: the job its runs carry (``participants__<id>``); None: an anonymous asset job."""
     queue = input_queue(role)
 
-    @sensor(name=sensor_name(participant), target=AssetSelection.assets(key),
+    @sensor(name=sensor_name(participant), target=job if job is not None else AssetSelection.assets(key),
             minimum_interval_seconds=minimum_interval_seconds, default_status=default_status,
             required_resource_keys={lake_key},
             description=f"Runs participant {participant!r} ({role.value}) when {queue} subject "

@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 import pyarrow as pa
-from dagster import AssetKey, build_schedule_context, build_sensor_context, materialize
+from dagster import AssetKey, Definitions, build_schedule_context, build_sensor_context, materialize
 from deltalake import DeltaTable
 
 from cues_platform.dagster import CuesSparkResource, LakeResource, build_definitions
@@ -164,3 +164,66 @@ def test_sensor_runs_carry_the_processor_job_name(defs, instance) -> None:
     assert {k.to_user_string() for k in job.asset_layer.executable_asset_keys} == {"big", "small"}
     assert repo.get_sensor_def("shop__recovery").job_name == "shop__recover"
     assert not [j.name for j in repo.get_all_jobs() if j.name.startswith("__anonymous")]
+
+
+# -- the participants: named jobs, and a schedule that skips when no participant has work ---------------
+def test_the_participants_schedule_skips_when_no_participant_has_work(pg_dsn: str, tmp_path, instance) -> None:
+    """A producer's work is in its database (postings recorded there, no queue shows them; results
+    after its subscription position), a consumer's in the lake (its lane's lag): the schedule asks
+    both, read-only, and runs only when one has work; a database it cannot ask is a run, said why."""
+    import psycopg
+
+    from assets.participants import ParticipantConfig, asset_key, participant_defs
+    from cues_platform.participants.db import Database
+    from cues_platform.participants.model import RESULTS, RESULTS_SCHEMA, Role
+    from cues_platform.participants.network import register
+    from cues_platform.participants.postings import Posting, post_many
+    from tests.participants.test_dagster_assets import fresh_db
+
+    root = str(tmp_path / "participants-lake")
+    lake = Lake(root=root)
+    register(lake, producers=["bank-a"], consumers=["bank-x"])
+    dsn_a, dsn_x = fresh_db(pg_dsn, "bank-a"), fresh_db(pg_dsn, "bank-x")
+    Database(dsn_a).migrate()
+    configs = [ParticipantConfig("bank-a", Role.PRODUCER, dsn_a), ParticipantConfig("bank-x", Role.CONSUMER, dsn_x)]
+    defs = participant_defs(configs, sensor_interval_seconds=5)
+    resources = {"participants_lake": LakeResource(root=root)}
+    wired = {**resources, "spark": CuesSparkResource()}  # never started: no consumer pass here
+    repo = Definitions.merge(defs, Definitions(resources=wired)).get_repository_def()
+
+    def tick(schedule_defs: Any = repo) -> Any:
+        with build_schedule_context(instance=instance, resources=resources) as context:
+            return schedule_defs.get_schedule_def("participants__schedule").evaluate_tick(context)
+
+    # sensors' runs carry named jobs, every interval the one given
+    assert {s.name: s.job_name for s in repo.sensor_defs} == {
+        "participant__bank_a__new_data": "participants__bank_a", "participant__bank_x__new_data": "participants__bank_x"}
+    assert {s.minimum_interval_seconds for s in repo.sensor_defs} == {5}
+    assert not [j.name for j in repo.get_all_jobs() if j.name.startswith("__anonymous")]
+
+    idle = tick()
+    assert not idle.run_requests and "no participant has work" in idle.skip_message
+    # a posting recorded in bank-a's database (what an application does): no queue shows it
+    db = Database(dsn_a)
+    post_many(db, lake, sender="bank-a", postings=[Posting("bank-x", "m-1", '{"amount": 1}')])
+    db.close()
+    (run,) = tick().run_requests
+    assert run.tags["cues/work"] == "producer bank-a: 1 posting(s) recorded and not acked"
+    # bank-a's pass publishes it (no Spark for a producer): now bank-x has a posting to read
+    producer = next(a for a in defs.assets if a.key == asset_key("bank-a"))
+    assert materialize([producer], resources=resources, instance=instance).success
+    (run,) = tick().run_requests
+    assert run.tags["cues/work"] == "consumer bank-x: 1 unread posting(s)"
+    # a result on RESULTS for bank-a after its subscription position: bank-a has work again
+    lake.queue(RESULTS).append(pa.table({
+        "sender": ["bank-a"], "receiver": ["bank-x"], "message_id": ["m-1"], "replays": [0],
+        "status": ["OK"], "reason": [None], "processed_at": [None]}, schema=RESULTS_SCHEMA), partition="bank-a")
+    (run,) = tick().run_requests
+    assert "producer bank-a: 1 result(s) on results after its position 0" in run.tags["cues/work"]
+    # a database the schedule cannot ask: it cannot prove there is nothing to do, so it runs
+    with psycopg.connect(pg_dsn) as conn:
+        port = conn.info.port
+    unreachable = participant_defs([ParticipantConfig("bank-b", Role.PRODUCER,
+                                                      f"postgresql://127.0.0.1:{port + 1}/none?connect_timeout=2")])
+    (run,) = tick(Definitions.merge(unreachable, Definitions(resources=wired)).get_repository_def()).run_requests
+    assert run.tags["cues/work"].startswith("producer bank-b: its database could not be asked (OperationalError)")
