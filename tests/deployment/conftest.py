@@ -24,6 +24,8 @@ from cues_platform.pgserver_db import DSN_ENV, stop_embedded_postgres
 from tests.deployment.support import Webserver, free_port, wait_until_up
 from tests.support import ROOT
 
+SENSOR_INTERVAL = 5  # seconds: CUES_SENSOR_INTERVAL of the `deployment` fixture
+
 
 @pytest.fixture(scope="session")
 def webserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webserver]:
@@ -66,7 +68,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webserver]:
     the queued run coordinator of ``dagster.yaml``: one run at a time), on a temporary copy of
     ``dagster_home/`` (sqlite), a temporary lake with the payments graph's queues created and empty
     (a drained lake), the participants' lake and databases and the ledger's PostgreSQL in temporary
-    folders. Automation is on as deployed: every sensor and schedule keeps its default status."""
+    folders. Automation is on as deployed: every sensor and schedule keeps its default status; the
+    sensors tick every ``SENSOR_INTERVAL`` seconds (``CUES_SENSOR_INTERVAL``, 30 s by default)."""
     from cues_platform.processing.runner import create_queues
     from cues_platform.queues import Lake
     from cues_platform.reference.pipeline import payments_graph
@@ -80,7 +83,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webserver]:
     pg_dir = tmp / "postgres"
     env = {**os.environ, "DAGSTER_HOME": str(home), "CUES_LAKE": lake_root, "CUES_POSTGRES_DIR": str(pg_dir),
            "CUES_PARTICIPANTS_LAKE": str(tmp / "lake-participants"),
-           "CUES_PARTICIPANTS_DATA": str(tmp / "participants"), "PYTHONPATH": str(ROOT)}
+           "CUES_PARTICIPANTS_DATA": str(tmp / "participants"), "PYTHONPATH": str(ROOT),
+           "CUES_SENSOR_INTERVAL": str(SENSOR_INTERVAL)}
     port = free_port()
     log = tmp / "dagster-dev.log"
     dagster_bin = Path(sys.executable).parent / "dagster"

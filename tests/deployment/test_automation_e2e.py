@@ -5,12 +5,15 @@ without any schedule tick".
 Proved by the instance's own records (the sqlite run storage and the sensors' tick records of the
 deployment's ``DAGSTER_HOME``, read from this process), not by sleeping and hoping: the window
 counts runs AND asserts every running sensor ticked enough times in it, each tick launching
-nothing. CI: a 90 s window (three sensor intervals); ``CUES_SOAK=1``: 5 minutes.
+nothing. The deployment's sensors tick every 5 s (``CUES_SENSOR_INTERVAL``, fixture
+``deployment``): CI watches 30 s (six intervals, at least five ticks of each such sensor; a sensor
+with its own longer interval is counted from its first tick); ``CUES_SOAK=1``: 5 minutes.
 
-Schedules that run whatever the lake holds are stopped first, and said so: ``participants__schedule``
-(every 5 minutes, it publishes what a producer's database recorded, which no queue shows) and the
-nightly maintenance schedules. ``payments__schedule`` stays on in the drained window (it skips a
-drained lake) and is stopped for the postings test, which must be carried by sensors alone.
+Schedules that run whatever the lake holds are stopped first, and said so: the nightly maintenance
+schedules. ``payments__schedule`` and ``participants__schedule`` stay on in the drained window (each
+skips when nothing has work: a drained lake, no participant database holding unacked postings or
+unapplied results) and are stopped for the postings test, which must be carried by sensors alone.
+The processors' ``freshness`` checks are evaluated without a run: their sensors report them.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 from unittest.mock import patch
 
 import pytest
-from dagster import DagsterInstance, DagsterRunStatus
+from dagster import AssetCheckKey, AssetKey, DagsterInstance, DagsterRunStatus
 from dagster._core.scheduler.instigation import InstigatorType, TickStatus
 from deltalake import DeltaTable
 
@@ -33,16 +36,18 @@ from cues_platform.queues import Lake
 from cues_platform.reference.generator import TrafficSpec, generate
 from cues_platform.reference.job import reconcile
 from tests.deployment.cdp import Browser
+from tests.deployment.conftest import SENSOR_INTERVAL
 from tests.deployment.support import LOCATION, DeploymentTestError, Webserver
 from tests.deployment.test_webserver_ui_flows import shot
 from tests.support import soak_enabled
 
-WINDOW = 300.0 if soak_enabled() else 90.0  # seconds of a drained deployment watched
+WINDOW = 300.0 if soak_enabled() else 30.0  # seconds of a drained deployment watched
 FIRST_TICKS = 300.0  # the daemon loads the code location (Dagster, pyspark, the assets) before its first ticks
 FLOW = 900.0  # postings to results: each sensor run is a process starting its own Spark, one at a time
-POLL = 2.0
+POLL = 1.0
 # run whatever the lake holds (not data-triggered): stopped for both tests, and said so above
-UNCONDITIONAL = ("participants__schedule", "cues_maintenance__schedule", "cues_maintenance_participants__schedule")
+UNCONDITIONAL = ("cues_maintenance__schedule", "cues_maintenance_participants__schedule")
+FRESHNESS_CHECKED = ("parsed", "fx_rates", "priced", "results", "ledger")  # processor assets: one per kind
 
 AUTOMATION = """{ repositoriesOrError { ... on RepositoryConnection { nodes {
     sensors { name minIntervalSeconds sensorState { status } }
@@ -109,10 +114,14 @@ def test_a_drained_deployment_launches_no_run(deployment: Webserver) -> None:
     assert {"payments__intake__new_data", "payments__convert__new_data", "payments__fx__on_demand",
             "payments__ledger__sink", "payments__recovery", "settlement_days",
             "settlement_report_automation"} <= set(sensors), sorted(sensors)
+    assert sensors["payments__parse__new_data"] == SENSOR_INTERVAL  # CUES_SENSOR_INTERVAL
+    assert sensors["participant__bank_x__new_data"] == SENSOR_INTERVAL
     stop_schedules(deployment, list(UNCONDITIONAL))
     _, schedules = automation(deployment)
-    assert schedules["payments__schedule"]["scheduleState"]["status"] == "RUNNING"
+    assert {n: schedules[n]["scheduleState"]["status"] for n in ("payments__schedule", "participants__schedule")} == \
+        dict.fromkeys(("payments__schedule", "participants__schedule"), "RUNNING")
     with instance_of(deployment) as instance:
+        watch = time.time()
         wait_for_first_ticks(deployment, instance, sensors)
         start = time.time()
         end = time.monotonic() + WINDOW
@@ -121,9 +130,14 @@ def test_a_drained_deployment_launches_no_run(deployment: Webserver) -> None:
             assert not runs, [(r.dagster_run.job_name, r.dagster_run.tags) for r in runs]
             time.sleep(POLL)
         assert instance.get_runs_count() == 0
-        window = ticks(instance, InstigatorType.SENSOR, after=start)
-        # every running sensor ticked at its interval through the window, and no tick asked for a run
-        wanted = {n: max(1, int(WINDOW // interval) - 1) for n, interval in sensors.items()}
+        done = time.time()
+        # every running sensor ticked at its interval through the window (one whose own interval
+        # is longer than a third of the window: since the watch began, its first tick included),
+        # and no tick asked for a run
+        since = {n: start if 3 * interval <= WINDOW else watch for n, interval in sensors.items()}
+        every = ticks(instance, InstigatorType.SENSOR, after=watch)
+        window = {n: [t for t in every.get(n, []) if t.timestamp > since[n]] for n in sensors}
+        wanted = {n: max(1, int((done - since[n]) // interval) - 1) for n, interval in sensors.items()}
         counts = {n: len(window.get(n, [])) for n in sensors}
         short = {n: f"{counts[n]} ticks, wanted {wanted[n]}" for n in sensors if counts[n] < wanted[n]}
         assert not short, short
@@ -133,6 +147,21 @@ def test_a_drained_deployment_launches_no_run(deployment: Webserver) -> None:
         assert not [t.run_ids for n in sensors for t in window[n] if t.run_ids]
         scheduled = ticks(instance, InstigatorType.SCHEDULE, after=start)
         assert not [t.run_ids for ts in scheduled.values() for t in ts if t.run_ids]
+        # the processors' freshness: reported by their sensors on the idle lake, without a run, fresh
+        for key in FRESHNESS_CHECKED:
+            record = latest_freshness(instance, key)
+            assert record is not None, f"no freshness evaluation of {key}"
+            evaluation = record.event.dagster_event.event_specific_data
+            assert evaluation.passed and evaluation.metadata["lag_rows"].value == 0, (key, evaluation)
+            assert not record.run_id, (key, record.run_id)  # runless: a sensor's report
+        assert instance.get_runs_count() == 0
+
+
+def latest_freshness(instance: DagsterInstance, asset: str) -> Any:
+    """The newest stored evaluation of ``asset``'s ``freshness`` check (None: none yet)."""
+    records = instance.event_log_storage.get_asset_check_execution_history(
+        AssetCheckKey(AssetKey(asset), "freshness"), limit=1)
+    return records[0] if records else None
 
 
 @pytest.mark.timeout(1200)  # FLOW, over pyproject's 600 s
@@ -210,6 +239,18 @@ def test_the_report_runs_by_its_automation_condition_and_shows_it(deployment: We
         browser.wait_for_text("Freshness", timeout=60)
         page = browser.text()
         shot(browser, tmp_path, "report-freshness.png")
+        # a processor asset's freshness check: the age of its oldest unread row, reported by its
+        # sensor (no run evaluates it here: the record below is runless)
+        with instance_of(deployment) as instance:
+            record = latest_freshness(instance, "priced")
+        assert record is not None and not record.run_id
+        browser.goto(f"{deployment.url}/assets/priced?view=checks")
+        browser.wait_for_text("freshness", timeout=90)
+        browser.wait_until("document.body && !document.body.innerText.includes('Loading')",
+                           "the checks to load", timeout=90)
+        checks_page = browser.text()
+        shot(browser, tmp_path, "processor-freshness.png")
     finally:
         browser.close()
+    assert "freshness" in checks_page, checks_page[-2000:]
     assert "eager" in page.lower() or "automation" in page.lower(), page[-3000:]
