@@ -76,7 +76,7 @@ def test_rows_written_outside_the_protocol_warn_without_blocking_and_stay_until_
     run = materialize(assets_of(defs), resources=resources_of(defs), instance=instance,
                       selection=[AssetKey("enriched")])
     checks = _evaluations(run)
-    assert all(ok for ok, _ in checks.values()) and set(checks) == {"contract", "exactly_once", "outside_protocol"}
+    assert all(ok for ok, _ in checks.values()) and {"contract", "exactly_once", "outside_protocol"} <= set(checks)
     assert checks["outside_protocol"][1]["rows"] == 0 and checks["exactly_once"][1]["steps_delivered"] == 3
     assert checks["outside_protocol"][1]["cues/judged_to"] == {"0": 30}
 
