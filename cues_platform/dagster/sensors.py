@@ -50,8 +50,14 @@ One recovery mechanism per instance: where ``run_retries`` is enabled (the deplo
 after them) and this sensor requests nothing: it moves its cursor and says why. Both would
 otherwise re-run one failure.
 
+Freshness: with ``freshness`` (``build_definitions``' default), the new-data, sink and on-demand
+sensors also report the ``freshness`` check of their processor's assets as runless
+``AssetCheckEvaluation``s (``SensorResult(asset_events=...)``, also on a skipped tick): the age of
+the oldest unread row (``freshness.py``), when its level changes or every ``report_every``. The
+check shows on an idle lake, where no run is launched to evaluate it.
+
 Every sensor here is RUNNING by default (``default_status``): the daemon of ``dagster dev`` ticks
-them as soon as the code location loads.
+them as soon as the code location loads, every ``CUES_SENSOR_INTERVAL`` seconds in the deployment.
 """
 
 import hashlib

@@ -18,6 +18,14 @@ idle processor's start cannot look like new data downstream.
 A source has no input; it has work on demand (:func:`source_wanted`): when a join reading its
 output waits for it (every other input of the join has unread rows, its own has none), which is
 what the reference ``fx`` source publishes on.
+
+How long the work has waited (freshness, :func:`family_oldest_unread`): the first unread offset
+of each input of each lane (its position, or the partition's start offset after retention) was
+written by one Delta commit, whose entry names it (``cues.ranges``, written with every data commit
+by the appender) and carries its time (``commitInfo.timestamp``, the writer's clock). The oldest of
+them over a processor's lanes is its oldest unread row. The commit is found by a binary search
+over the versions, reading commit entries only (each parsed once per process); when the log
+cleanup removed the entry, the oldest entry still there gives a lower bound (``exact=False``).
 """
 
 from __future__ import annotations
