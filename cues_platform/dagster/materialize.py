@@ -173,7 +173,8 @@ def _ranges(results: Sequence[StepResult]) -> dict[str, str]:
 
 WRITTEN_RANGES = "cues/written_ranges"  # {partition: [start, end)} a materialization added
 # {partition: [start, end)} added to the queue since the previous materialization's end offsets,
-# by anyone: what the outside_protocol check looks at
+# by anyone (shown in the UI; no check judges from it: contract and outside_protocol remember what
+# they judged themselves, dagster/check_memory.py)
 ARRIVED_RANGES = "cues/arrived_ranges"
 END_OFFSETS = "cues/end_offsets"
 
@@ -293,9 +294,9 @@ def queue_metadata(instance: Any, key: Any, queue: Any, *, before: Mapping[str, 
         "dagster/row_count": count,
         "cues/delta_version": queue.version(),
         END_OFFSETS: after,
-        # what the contract check judges: the offsets this materialization added
+        # the offsets this materialization added
         WRITTEN_RANGES: written_ranges(before, after),
-        # what the outside_protocol check looks at: everything since the previous materialization
+        # everything added since the previous materialization, by anyone
         ARRIVED_RANGES: written_ranges(
             {str(p): int(o) for p, o in dict(previous).items()} if previous is not None else {}, after),
     }
