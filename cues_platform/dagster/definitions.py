@@ -30,7 +30,12 @@ from cues_platform.dagster.assets import (
 )
 from cues_platform.dagster.checks import build_checks
 from cues_platform.dagster.error_queues import error_queue_spec, error_queue_writers
-from cues_platform.dagster.freshness import Freshness, build_freshness_checks
+from cues_platform.dagster.freshness import (
+    Freshness,
+    build_freshness_checks,
+    freshness_check_keys,
+    without_freshness,
+)
 from cues_platform.dagster.io_manager import CuesIOManager
 from cues_platform.dagster.resources import BackingQueueResource, CuesSparkResource, LakeResource
 from cues_platform.dagster.sensors import TRIGGER_TAG, build_sensors, joined_sources
@@ -134,6 +139,9 @@ def build_definitions(
     # the error queues' checks too: after a run of the job, no_platform_errors says something
     # (it stayed "Not evaluated" after `cues demo`, whose runs are this job's)
     selection = AssetSelection.assets(*keys) | AssetSelection.checks_for_assets(*[s.key for s in errors])
+    # the freshness checks are reported by the sensors, without a run: the job leaves them out
+    fresh = freshness_check_keys(graph, prefix=prefix) if freshness is not None else []
+    selection = without_freshness(selection, fresh)
     job = define_asset_job(all_job_name(graph), selection=selection,
                            description=f"every processor asset of graph {graph.name!r} and the "
                                        "checks of its error queues",

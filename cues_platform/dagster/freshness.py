@@ -20,8 +20,9 @@ a join reads; never blocking): WARN above ``warn_after`` (default 15 minutes), E
 processor's new-data (or on-demand) sensor computes it at each tick and reports it as a runless
 ``AssetCheckEvaluation`` (``SensorResult(asset_events=...)``) when its level (fresh, WARN, ERROR)
 changes or the last report is older than ``report_every`` (default 10 minutes: the UI's numbers
-stay current without an event every tick). The check is also executable (the UI's *Execute*, and
-every run that materializes the asset evaluates it after the materialization), with the same code.
+stay current without an event every tick). The check is also executable, with the same code (the
+UI's *Execute*, or a run of the asset from the UI's *Materialize*); the graph's jobs (``{graph}__all``,
+``{graph}__{processor}``, the recovery job) leave it out, so the sensors' runs take no extra step.
 
 Clocks: the commit timestamp is the writer's clock (delta-rs' ``commitInfo.timestamp``), ``now`` is
 the evaluating process's clock (``time.time()``). A writer clock ahead of the evaluator makes a
@@ -40,9 +41,11 @@ from typing import Any
 
 from dagster import (
     AssetCheckEvaluation,
+    AssetCheckKey,
     AssetCheckResult,
     AssetCheckSeverity,
     AssetKey,
+    AssetSelection,
     MetadataValue,
     asset_check,
 )
@@ -200,6 +203,20 @@ def sensor_report(verdict: Verdict, keys: Sequence[AssetKey], previous: Mapping[
             {"level": verdict.level, "at": verdict.now_ms})
 
 
+def freshness_check_keys(graph: Graph, *, prefix: Sequence[str] = (),
+                         processors: Sequence[str] | None = None) -> list[AssetCheckKey]:
+    """The ``freshness`` check keys of ``processors`` (default: every one with a check)."""
+    wanted = set(freshness_processors(graph))
+    chosen = [p for p in (processors if processors is not None else wanted) if p in wanted]
+    return [AssetCheckKey(k, FRESHNESS_CHECK) for p in chosen for k in processor_keys(graph.as_declared(p), prefix)]
+
+
+def without_freshness(selection: AssetSelection, checks: Sequence[AssetCheckKey]) -> AssetSelection:
+    """``selection`` minus the ``freshness`` checks ``checks``: the graph's jobs (``{graph}__all``,
+    a processor's, recovery) do not run them; the sensors report them."""
+    return selection - AssetSelection.checks(*checks) if checks else selection
+
+
 def build_freshness_checks(graph: Graph, *, prefix: Sequence[str] = (),
                            freshness: Freshness) -> list[Any]:
     """The executable ``freshness`` check of every output asset of :func:`freshness_processors`
@@ -228,5 +245,5 @@ def _check(graph: Graph, family: str, key: AssetKey, freshness: Freshness) -> An
 
 
 __all__ = ["ERROR", "FRESH", "FRESHNESS_CHECK", "WARN", "Freshness", "FreshnessConfigError", "Verdict",
-           "build_freshness_checks", "check_evaluations", "evaluate", "freshness_processors", "now_ms",
-           "sensor_report"]
+           "build_freshness_checks", "check_evaluations", "evaluate", "freshness_check_keys",
+           "freshness_processors", "now_ms", "sensor_report", "without_freshness"]

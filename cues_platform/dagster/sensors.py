@@ -80,7 +80,14 @@ from dagster import (
 )
 
 from cues_platform.dagster.assets import LAKE_KEY, processor_keys
-from cues_platform.dagster.freshness import Freshness, evaluate, freshness_processors, sensor_report
+from cues_platform.dagster.freshness import (
+    Freshness,
+    evaluate,
+    freshness_check_keys,
+    freshness_processors,
+    sensor_report,
+    without_freshness,
+)
 from cues_platform.processing.graph import Graph, Kind, Processor
 from cues_platform.processing.idle import LaneWork, family_work, source_wanted
 
@@ -136,9 +143,12 @@ def processor_job_name(graph: Graph, proc: Processor) -> str:
     return f"{graph.name}__{proc.id}"
 
 
-def processor_job(graph: Graph, proc: Processor, prefix: Sequence[str] = ()) -> Any:
+def processor_job(graph: Graph, proc: Processor, prefix: Sequence[str] = (), *, freshness: bool = False) -> Any:
+    """The processor's job (with ``freshness``: without its ``freshness`` checks, which its sensor reports)."""
     keys = processor_keys(proc, prefix)
-    return define_asset_job(processor_job_name(graph, proc), selection=AssetSelection.assets(*keys),
+    fresh = freshness_check_keys(graph, prefix=prefix, processors=[proc.id]) if freshness else []
+    return define_asset_job(processor_job_name(graph, proc),
+                            selection=without_freshness(AssetSelection.assets(*keys), fresh),
                             description=f"{proc.kind.value} processor {proc.id!r} of graph {graph.name!r}",
                             tags={"cues/graph": graph.name, "cues/processor": proc.id})
 
@@ -157,10 +167,11 @@ def build_new_data_sensor(graph: Graph, proc: Processor, *, prefix: Sequence[str
     what = "sink" if proc.kind is Kind.SINK else "processor"
     queues = ", ".join(input_queues(proc))
     name = sensor_name(graph, proc)
+    checked = freshness is not None  # its checks exist: its job leaves them to this sensor
     fresh = ("; reports its freshness check (the age of its oldest unread row)"
              if freshness is not None else "")
 
-    @sensor(name=name, target=processor_job(graph, proc, prefix),
+    @sensor(name=name, target=processor_job(graph, proc, prefix, freshness=checked),
             minimum_interval_seconds=minimum_interval_seconds, default_status=default_status,
             required_resource_keys={LAKE_KEY},
             description=f"Runs {what} {pid!r} when it has rows of {queues} it has not read (its "
@@ -206,11 +217,12 @@ def build_on_demand_sensor(graph: Graph, proc: Processor, *, prefix: Sequence[st
     keys = processor_keys(proc, prefix)
     pid = proc.id
     name = sensor_name(graph, proc)
+    checked = freshness is not None  # its checks exist: its job leaves them to this sensor
     outs = {o.queue for o in proc.outputs.values()}
     joins = sorted({p.family or p.id for p in graph.processors.values()
                     if p.kind is Kind.JOIN and any(i.queue in outs for i in p.inputs.values())})
 
-    @sensor(name=name, target=processor_job(graph, proc, prefix),
+    @sensor(name=name, target=processor_job(graph, proc, prefix, freshness=checked),
             minimum_interval_seconds=minimum_interval_seconds, default_status=default_status,
             required_resource_keys={LAKE_KEY},
             description=f"Runs source {pid!r} when join {', '.join(joins)} waits for it: unread rows "
@@ -284,10 +296,13 @@ def recovery_job_name(graph: Graph) -> str:
 
 def build_recovery_sensor(graph: Graph, *, prefix: Sequence[str] = (), max_attempts: int = 3,
                           minimum_interval_seconds: int = 30,
-                          default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING) -> Any:
+                          default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING,
+                          freshness: bool = False) -> Any:
+    """``freshness``: the graph has ``freshness`` checks, which the recovery job leaves out."""
     ours: set[AssetKey] = {k for p in graph.processors.values() for k in processor_keys(p, prefix)}
+    fresh = freshness_check_keys(graph, prefix=prefix) if freshness else []
 
-    job = define_asset_job(recovery_job_name(graph), selection=AssetSelection.assets(*ours),
+    job = define_asset_job(recovery_job_name(graph), selection=without_freshness(AssetSelection.assets(*ours), fresh),
                            description=f"recovery runs of graph {graph.name!r}: the processor assets a "
                                        "failed run did not materialize",
                            tags={"cues/graph": graph.name})
@@ -349,6 +364,7 @@ def build_sensors(graph: Graph, *, prefix: Sequence[str] = (), minimum_interval_
     """The graph's sensors; with ``freshness``, each new-data/sink/on-demand sensor also reports
     the ``freshness`` check of its processor's assets (``freshness.py``)."""
     checked = set(freshness_processors(graph)) if freshness is not None else set()
+    # every sensor's processor is in ``checked`` when freshness is on (inputs, or a joined source)
     out = [build_new_data_sensor(graph, graph.as_declared(pid), prefix=prefix,
                                  minimum_interval_seconds=minimum_interval_seconds,
                                  default_status=default_status,
@@ -361,5 +377,5 @@ def build_sensors(graph: Graph, *, prefix: Sequence[str] = (), minimum_interval_
             for pid in joined_sources(graph)]
     out.append(build_recovery_sensor(graph, prefix=prefix, max_attempts=max_recovery_attempts,
                                      minimum_interval_seconds=minimum_interval_seconds,
-                                     default_status=default_status))
+                                     default_status=default_status, freshness=freshness is not None))
     return out

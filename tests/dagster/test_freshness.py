@@ -179,6 +179,10 @@ def test_the_sensor_reports_the_check_without_a_run(fresh, instance) -> None:
     checks = {c for c in repo.asset_graph.asset_check_keys if c.name == "freshness"}
     assert checks == {AssetCheckKey(AssetKey(k), "freshness") for k in ("enriched", "priced", "quotes")}
     assert not any(repo.asset_graph.get_check_spec(c).blocking for c in checks)
+    # the graph's jobs leave them out (the sensors report them): a sensor's run takes no extra step
+    for job in ("fresh__all", "fresh__enrich", "fresh__quote", "fresh__price", "fresh__recover"):
+        steps = {n.name for n in repo.get_job(job).graph.node_defs}
+        assert steps and not [s for s in steps if s.endswith("_freshness")], (job, steps)
 
     def tick(name: str, cursor: str | None) -> Any:
         with build_sensor_context(instance=instance, cursor=cursor, resources={"lake": resource}) as context:

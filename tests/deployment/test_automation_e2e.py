@@ -6,7 +6,8 @@ Proved by the instance's own records (the sqlite run storage and the sensors' ti
 deployment's ``DAGSTER_HOME``, read from this process), not by sleeping and hoping: the window
 counts runs AND asserts every running sensor ticked enough times in it, each tick launching
 nothing. The deployment's sensors tick every 5 s (``CUES_SENSOR_INTERVAL``, fixture
-``deployment``): CI watches 30 s (six intervals, at least five ticks of each such sensor; a sensor
+``deployment``): CI watches 45 s (nine intervals; at least four ticks of each such sensor, half
+what the interval allows: the daemon evaluates sensors one after another on shared cores; a sensor
 with its own longer interval is counted from its first tick); ``CUES_SOAK=1``: 5 minutes.
 
 Schedules that run whatever the lake holds are stopped first, and said so: the nightly maintenance
@@ -41,7 +42,7 @@ from tests.deployment.support import LOCATION, DeploymentTestError, Webserver
 from tests.deployment.test_webserver_ui_flows import shot
 from tests.support import soak_enabled
 
-WINDOW = 300.0 if soak_enabled() else 30.0  # seconds of a drained deployment watched
+WINDOW = 300.0 if soak_enabled() else 45.0  # seconds of a drained deployment watched
 FIRST_TICKS = 300.0  # the daemon loads the code location (Dagster, pyspark, the assets) before its first ticks
 FLOW = 900.0  # postings to results: each sensor run is a process starting its own Spark, one at a time
 POLL = 1.0
@@ -131,16 +132,17 @@ def test_a_drained_deployment_launches_no_run(deployment: Webserver) -> None:
             time.sleep(POLL)
         assert instance.get_runs_count() == 0
         done = time.time()
-        # every running sensor ticked at its interval through the window (one whose own interval
-        # is longer than a third of the window: since the watch began, its first tick included),
-        # and no tick asked for a run
+        # every running sensor ticked through the window at least half as often as its interval
+        # allows (the daemon evaluates the ~15 sensors one after another, on 2 shared cores: 5 s
+        # sensors tick every 8-10 s there), one whose own interval is longer than a third of the
+        # window counted since the watch began (its first tick included); no tick asked for a run
         since = {n: start if 3 * interval <= WINDOW else watch for n, interval in sensors.items()}
         every = ticks(instance, InstigatorType.SENSOR, after=watch)
         window = {n: [t for t in every.get(n, []) if t.timestamp > since[n]] for n in sensors}
-        wanted = {n: max(1, int((done - since[n]) // interval) - 1) for n, interval in sensors.items()}
+        wanted = {n: max(1, int((done - since[n]) // (2 * interval))) for n, interval in sensors.items()}
         counts = {n: len(window.get(n, [])) for n in sensors}
         short = {n: f"{counts[n]} ticks, wanted {wanted[n]}" for n in sensors if counts[n] < wanted[n]}
-        assert not short, short
+        assert not short, (short, counts)
         statuses = Counter(t.status for n in sensors for t in window[n])
         assert set(statuses) <= {TickStatus.SKIPPED}, (statuses, [(n, t.error) for n in sensors
                                                                    for t in window[n] if t.error])
