@@ -178,7 +178,8 @@ def _evaluate(lake: Lake, queue_name: str, contract: Any, *, memory: CheckMemory
         meta["failing_rows_sample"] = samples_markdown(verdict.samples)
     if open_failing:
         fix = (f"quarantine them (`cues quarantine list {queue_name}`, then `cues quarantine add "
-               f"{queue_name} --all-open --reason ...`: copied into error queue {error_queue!r})"
+               f"{queue_name} --check contract --all-open --reason ...`: copied into error queue "
+               f"{error_queue!r})"
                if error_queue else "the graph has no error queue to quarantine them in")
         meta["what_to_do"] = (f"rows at {describe(open_failing)} break the contract and stay in the queue "
                               f"(downstream reads them): fix the contract if it is wrong (they pass then), "

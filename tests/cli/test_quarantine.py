@@ -9,7 +9,6 @@ deployed check writes. The documented commands run with ``bash -c`` exactly as p
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pandera.pandas as pap
@@ -189,21 +188,35 @@ def test_bad_input_is_one_line_naming_what_was_wrong_and_what_to_do(place: Place
 
 # -- the documented commands (docs/dagster.md, "From a red check to a green pipeline") -----------
 def test_the_documented_quarantine_commands_run_as_printed(place: Place) -> None:
-    """Someone appended two rows into ``instructions``; the commands the page prints list them,
-    quarantine them with a reason and show it; the next evaluation is green."""
+    """Someone appended two rows into ``instructions``; the commands docs/dagster.md prints list
+    them, quarantine them with a reason and show it (each run with ``bash -c`` as printed, in a
+    folder holding ``lake/`` and ``dagster_home/``); the next evaluation is green."""
+    from tests.docs.examples import ROOT, SHELL, command, command_key, commands, extract
+
+    # each as the page prints it, with its key in tests/docs/examples.py's registry (its shell words)
+    printed = (
+        ("DAGSTER_HOME=$PWD/dagster_home cues quarantine list instructions --lake ./lake",
+         "DAGSTER_HOME=$PWD/dagster_home cues quarantine list instructions --lake ./lake"),
+        ('DAGSTER_HOME=$PWD/dagster_home cues quarantine add instructions -p 0 --offsets 30:32 --reason "typed in by hand to try the UI, not real instructions" --lake ./lake',
+         "DAGSTER_HOME=$PWD/dagster_home cues quarantine add instructions -p 0 --offsets 30:32 --reason typed in by hand to try the UI, not real instructions --lake ./lake"),
+        ("DAGSTER_HOME=$PWD/dagster_home cues quarantine show instructions --lake ./lake",
+         "DAGSTER_HOME=$PWD/dagster_home cues quarantine show instructions --lake ./lake"),
+    )
+
+    on_page = {c.key for b in extract(ROOT / "docs/dagster.md") if b.language in SHELL for c in commands(b)}
+    for text, key in printed:
+        assert command_key(text) == key
+        if key in on_page:  # the page prints it exactly so
+            assert command("docs/dagster.md", key).text == text
     _open_rows(place)
     env = shell_env()
     assert "DAGSTER_HOME" not in env
-    listed = run_printed("DAGSTER_HOME=$PWD/dagster_home cues quarantine list instructions --lake ./lake",
-                         place.root, timeout=120, env=env)
-    assert "partition 0: [30, 32)" in listed.stdout
-    added = run_printed('DAGSTER_HOME=$PWD/dagster_home cues quarantine add instructions -p 0 --offsets 30:32 '
-                        '--reason "typed in by hand to try the UI, not real instructions" --lake ./lake',
-                        place.root, timeout=120, env=env)
+    (list_cmd, _), (add_cmd, _), (show_cmd, _) = printed
+    listed = run_printed(list_cmd, place.root, timeout=120, env=env)
+    assert "partition 0: [30, 32)" in listed.stdout and "rule no delivery hash" in listed.stdout
+    added = run_printed(add_cmd, place.root, timeout=120, env=env)
     assert "quarantined 0: [30, 32) into errors (2 error row(s))" in added.stdout
-    shown = run_printed("DAGSTER_HOME=$PWD/dagster_home cues quarantine show instructions --lake ./lake",
-                        place.root, timeout=120, env=env)
+    shown = run_printed(show_cmd, place.root, timeout=120, env=env)
     assert "[30, 32) 2 row(s)" in shown.stdout and "not real instructions" in shown.stdout
     checks = place.check()
     assert checks["outside_protocol"][0] and not checks["contract"][0]  # offset 5 is the contract's
-    assert os.environ.get("DAGSTER_HOME") != str(place.home)  # the commands left the test's env alone
