@@ -182,6 +182,8 @@ class StepRun:
                 except Exception as exc:  # noqa: BLE001 -- raised below, once every lane had its turn
                     lane.failure = failures[lane_id] = exc
             self.failures = failures
+        if self.failures and len(self.lanes) == 1:
+            raise next(iter(self.failures.values()))
         if self.failures:
             first_id, first = next(iter(self.failures.items()))
             done = [i for i, lane in self.lanes.items() if lane.results]
