@@ -19,6 +19,11 @@ called) the lake is exactly as after a crash at the same hook point of ``cues ru
 recorded before the commit (``snapshot_at=commit``) or a snapshot record a retry re-uses (a sink),
 so the next ``start`` re-plans or retries. Off by one: one ``PhasedStep`` is at most one step.
 
+A processor over every partition of a queue is several lanes (``processing/lanes.py``), each a
+processor of its own: the host opens one ``PhasedStep`` per lane with work (the step IO manager
+does, in lane order), and each lane's step is delivered by its own stepper, so the lanes' commits
+and their recovery are independent.
+
 A source (``processing/sources.py``) has no input ranges: ``start`` takes its saved step counter
 as the step (the snapshot has no inputs), ``call`` calls ``fn(ctx)`` (its exception is not handled:
 a source has no error queue, as under ``cues run``) and ``deliver`` appends each non-empty output
