@@ -67,6 +67,7 @@ from cues_platform.dagster.check_memory import (
     from_offsets,
     load_memory,
     plan_window,
+    union,
 )
 from cues_platform.dagster.check_quarantine import quarantined_runs
 from cues_platform.dagster.error_queues import error_counts, error_queue_writers
@@ -340,7 +341,7 @@ def _evaluate_outside(lake: Lake, q: str, contract: Any, *, memory: CheckMemory,
         "memory_from_run": window.memory.run_id or "none: judged from offset 0",
         "judged_ranges": window.readable,
         "arrived_ranges": window.arrived,
-        "rows": count(open_rows),
+        "rows": count(union(found, window.still_failing_removed)),  # exact (the memory may be coalesced)
         "offsets": open_rows,
         "open_unjudged_rows": count(unjudged),
         "closed_by_quarantine_rows": count(window.closed_by_quarantine),
