@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from dagster import materialize
+from dagster import RetryPolicy, materialize
 from deltalake import DeltaTable
 from pyspark.sql import functions as F
 
@@ -66,14 +66,15 @@ def lanes_graph() -> Graph:
                                QueueDef("errors", ERROR_SCHEMA)])
 
 
-def assets_and_resources(graph: Graph, lake: Lake) -> tuple[list[Any], dict[str, Any]]:
-    """The multi-lane function asset, its input as an external queue, and the resources
+def assets_and_resources(graph: Graph, lake: Lake, *, pid: str = "enrich",
+                         retry_policy: RetryPolicy | None = None) -> tuple[list[Any], dict[str, Any]]:
+    """The multi-lane function asset ``pid``, its input as an external queue, and the resources
     ``build_definitions`` gives a graph with function assets."""
     res = LakeResource(root=lake.root)
     spark = CuesSparkResource()
     backing = BackingQueueResource(lake=res)
     assets = [external_spec(graph, "orders", prefix=(), group_name=None),
-              build_processor_asset(graph, graph.as_declared("enrich"))]
+              build_processor_asset(graph, graph.as_declared(pid), retry_policy=retry_policy)]
     return assets, {"lake": res, "spark": spark, "backing": backing,
                     "cues_io_manager": CuesIOManager(lake=res, spark=spark),
                     STEP_IO_KEY: CuesStepIOManager(lake=res, spark=spark, backing=backing)}
@@ -202,6 +203,74 @@ def test_a_failure_in_the_second_lane_leaves_the_others_delivered_and_the_rerun_
     assert ids(lake, "eu") == sorted(2 * i for i in [1000, 1001, *range(1100, 1104)])
     assert ids(lake, "us") == [2 * i for i in range(2100, 2105)]
     assert lake.queue("errors").count() == 0
+    report = audit(lake, graph=graph)
+    assert report.ok, report.to_text()
+
+
+def test_an_op_retry_recovers_the_failed_lane_in_the_same_run(setup, lake, instance, tmp_path) -> None:
+    """A retry policy re-runs the op: its load_input opens the lanes again, the delivered ones are
+    idle, the failed one is recovered; the run succeeds, each row once."""
+    graph, _, _ = setup
+    assets, res = assets_and_resources(graph, lake, retry_policy=RetryPolicy(max_retries=1))
+    orders = lake.queue("orders")
+    orders.append(rows(1000, 2), partition="eu")
+    assert materialize(assets, resources=res, instance=instance).success  # eu: step 0
+    for i, part in enumerate(PARTS):
+        orders.append(rows(1000 * i + 100, 3 + i), partition=part)
+    CALLS.clear()
+    config = {"ops": {"enrich": {"config": {"inject_failure_at": "after_prepare", "inject_failure_step": 1,
+                                            "inject_failure_once_file": str(tmp_path / "fired")}}}}
+    assert materialize(assets, resources=res, instance=instance, run_config=config).success
+    assert (tmp_path / "fired").exists()
+    # the first attempt calls the function in the three lanes; the retry in eu alone (with a fault
+    # configured every lane is started, and lanes 0 and us find nothing unread: no step, no call)
+    assert sorted(CALLS) == [("enrich", 0), ("enrich.eu", 1), ("enrich.eu", 1), ("enrich.us", 0)]
+    assert ids(lake, "0") == [2 * i for i in range(100, 103)]
+    assert ids(lake, "eu") == sorted(2 * i for i in [1000, 1001, *range(1100, 1104)])
+    assert ids(lake, "us") == [2 * i for i in range(2100, 2105)]
+    report = audit(lake, graph=graph)
+    assert report.ok, report.to_text()
+
+
+BIG = 1500
+
+
+@processor_asset(inputs={"o": "orders"}, outputs={"big": "big", "small": "small"})
+def split(ctx, o):
+    """Routes ids >= 1500 to big, the rest to small (a fork over every partition)."""
+    CALLS.append((ctx.processor_id, ctx.step))
+    return {"big": o.where(F.col("id") >= BIG), "small": o.where(F.col("id") < BIG)}
+
+
+def test_a_fork_lane_failing_between_its_commits_is_rolled_forward_alone(spark, lake, instance) -> None:
+    """Each lane of a fork commits its outputs through its own attempt record: lane eu fails
+    between its two commits (one output queue has its rows, the other not); lanes 0 and us are
+    delivered whole; the next materialization rolls eu's attempt forward without calling the
+    function again."""
+    graph = Graph.build(name="multifork", processors=[split],
+                        queues=[QueueDef("orders", PAYLOAD, PARTS), QueueDef("big", PAYLOAD, PARTS),
+                                QueueDef("small", PAYLOAD, PARTS)])
+    create_queues(graph, lake)
+    CALLS.clear()
+    assets, res = assets_and_resources(graph, lake, pid="split")
+    orders = lake.queue("orders")
+    orders.append(rows(1000, 2), partition="eu")
+    assert materialize(assets, resources=res, instance=instance).success  # eu: step 0
+    for i, part in enumerate(PARTS):
+        orders.append(rows(1000 * i + 498, 4), partition=part)  # eu: 1498..1501, both outputs
+    config = {"ops": {"split": {"config": {"inject_failure_at": "between_commits", "inject_failure_step": 1}}}}
+    failed = materialize(assets, resources=res, instance=instance, run_config=config, raise_on_error=False)
+    assert not failed.success and "InjectedFailure" in failure_classes(failed)
+    committed = {q: txn(lake, q, PROCESSOR_STEP.id("split.eu")) for q in ("big", "small")}
+    assert sorted(committed.values(), key=str) == [0, 1]  # one output of step 1 committed, one not
+    CALLS.clear()
+    assert materialize(assets, resources=res, instance=instance).success
+    assert CALLS == []  # rolled forward from the attempt's prepared files: no re-computation
+    for i, part in enumerate(PARTS):
+        got = sorted(lake.queue("big").read_arrow(partition=part)["id"].to_pylist()
+                     + lake.queue("small").read_arrow(partition=part)["id"].to_pylist())
+        expected = sorted([*([1000, 1001] if part == "eu" else []), *range(1000 * i + 498, 1000 * i + 502)])
+        assert got == expected, part
     report = audit(lake, graph=graph)
     assert report.ok, report.to_text()
 
