@@ -20,9 +20,11 @@ a join reads; never blocking): WARN above ``warn_after`` (default 15 minutes), E
 processor's new-data (or on-demand) sensor computes it at each tick and reports it as a runless
 ``AssetCheckEvaluation`` (``SensorResult(asset_events=...)``) when its level (fresh, WARN, ERROR)
 changes or the last report is older than ``report_every`` (default 10 minutes: the UI's numbers
-stay current without an event every tick). The check is also executable, with the same code (the
-UI's *Execute*, or a run of the asset from the UI's *Materialize*); the graph's jobs (``{graph}__all``,
-``{graph}__{processor}``, the recovery job) leave it out, so the sensors' runs take no extra step.
+stay current without an event every tick). The check is also executable, with the same code: the
+UI's *Execute*, and a run of the asset by an asset selection (the UI's *Materialize*, a sensor's run
+request: Dagster adds the selected assets' checks) evaluates it after the materialization (cheap:
+Delta logs only). The graph's jobs as defined (``{graph}__all``, ``{graph}__{processor}``, the
+recovery job) leave it out, so a full run or a re-execution from failure has no extra step.
 
 Clocks: the commit timestamp is the writer's clock (delta-rs' ``commitInfo.timestamp``), ``now`` is
 the evaluating process's clock (``time.time()``). A writer clock ahead of the evaluator makes a
@@ -212,8 +214,8 @@ def freshness_check_keys(graph: Graph, *, prefix: Sequence[str] = (),
 
 
 def without_freshness(selection: AssetSelection, checks: Sequence[AssetCheckKey]) -> AssetSelection:
-    """``selection`` minus the ``freshness`` checks ``checks``: the graph's jobs (``{graph}__all``,
-    a processor's, recovery) do not run them; the sensors report them."""
+    """``selection`` minus the ``freshness`` checks ``checks``: the graph's jobs as defined
+    (``{graph}__all``, a processor's, recovery) do not run them; the sensors report them."""
     return selection - AssetSelection.checks(*checks) if checks else selection
 
 
