@@ -206,8 +206,8 @@ def test_checks_rerun_after_retention_reopen_no_judged_row_and_claim_no_removed_
     """Every processor read ``enriched`` to 30; a tailer holds it at 20. With retention 0 ms the
     maintenance job moves its start to 20. ``contract`` judged every row when it arrived (its
     memory: ``cues/judged_to``), so retention re-opens nothing: it passes, judging nothing new,
-    and never claims the removed rows. ``outside_protocol`` still looks at the latest
-    materialization and says WARN with the retained range. The tailer reads on; the next
+    and never claims the removed rows. ``outside_protocol`` remembers too: it passes. The tailer
+    reads on; the next
     maintenance removes everything: ``contract`` still passes on nothing new. (Rows retention
     removes *before* any evaluation judged them: tests/dagster/test_check_memory.py.)"""
     load_orders(lake)
@@ -226,8 +226,8 @@ def test_checks_rerun_after_retention_reopen_no_judged_row_and_claim_no_removed_
     assert meta["judged_ranges"] == {} and meta["rows_checked"] == 0 and "retained_away" not in meta
     assert meta["cues/judged_to"] == {"0": 30}
     passed, severity, meta = checks["outside_protocol"]
-    assert (passed, severity, meta["rows"]) == (False, AssetCheckSeverity.WARN, 0)
-    assert meta["retained_away"] == {"0": [0, 20]}
+    assert (passed, severity, meta["rows"]) == (True, AssetCheckSeverity.WARN, 0)
+    assert "retained_away" not in meta and meta["cues/judged_to"] == {"0": 30}
 
     tailer.read_arrow(10)
     tailer.commit()

@@ -156,6 +156,12 @@ OPERATING_COMMANDS = (
 
 # (file, python block's heading or shell command's key) -> the test that runs it as printed
 RUN_BY: dict[tuple[str, str], str] = {
+    **{("docs/dagster.md", k): "tests/cli/test_quarantine.py::test_the_documented_quarantine_commands_run_as_printed"
+       for k in (
+           "DAGSTER_HOME=$PWD/dagster_home cues quarantine list instructions --lake ./lake",
+           "DAGSTER_HOME=$PWD/dagster_home cues quarantine add instructions -p 0 --offsets 30:32 --reason "
+           "typed in by hand to try the UI, not real instructions --lake ./lake",
+           "DAGSTER_HOME=$PWD/dagster_home cues quarantine show instructions --lake ./lake")},
     ("README.md", "Usage"): f"{README_TESTS}::test_usage_producers_transactions_tailers",
     ("README.md", "Processors (exactly-once by default)"): f"{README_TESTS}::test_processor_example",
     ("README.md", DAGSTER_DEV): f"{DOCS_TESTS}::test_dagster_dev_serves_the_deployment",
