@@ -19,8 +19,9 @@ a join reads; never blocking): WARN above ``warn_after`` (default 15 minutes), E
 ``fail_after`` (default 1 hour), passed otherwise. It is evaluated **without a run**: the
 processor's new-data (or on-demand) sensor computes it at each tick and reports it as a runless
 ``AssetCheckEvaluation`` (``SensorResult(asset_events=...)``) when its level (fresh, WARN, ERROR)
-changes or the last report is older than ``report_every`` (default 10 minutes: the UI's numbers
-stay current without an event every tick). The check is also executable, with the same code: the
+differs from the newest stored evaluation of the check or that one is older than ``report_every``
+(default 10 minutes: the UI's numbers stay current without an event every tick; the sensor's
+cursor is untouched, the instance holds what was reported). The check is also executable, with the same code: the
 UI's *Execute*, and a run of the asset by an asset selection (the UI's *Materialize*, a sensor's run
 request: Dagster adds the selected assets' checks) evaluates it after the materialization (cheap:
 Delta logs only). The graph's jobs as defined (``{graph}__all``, ``{graph}__{processor}``, the
@@ -191,10 +192,34 @@ def _severity(verdict: Verdict) -> AssetCheckSeverity:
     return AssetCheckSeverity.ERROR if verdict.level == ERROR else AssetCheckSeverity.WARN
 
 
+def last_reported(context: Any, key: AssetKey) -> dict[str, Any] | None:
+    """The level and time (epoch ms) of the newest stored evaluation of ``key``'s ``freshness``
+    check (a sensor's report or a run's), from the sensor's instance; None when there is none (or
+    the context has no instance)."""
+    from dagster import DagsterInvariantViolationError
+    from dagster._core.storage.asset_check_execution_record import (
+        COMPLETED_ASSET_CHECK_EXECUTION_RECORD_STATUSES,
+    )
+
+    try:
+        instance = context.instance
+    except DagsterInvariantViolationError:
+        return None
+    records = instance.event_log_storage.get_asset_check_execution_history(
+        AssetCheckKey(key, FRESHNESS_CHECK), limit=1, status=COMPLETED_ASSET_CHECK_EXECUTION_RECORD_STATUSES)
+    event = records[0].event if records else None
+    evaluation = event.dagster_event.event_specific_data if event is not None and event.dagster_event else None
+    if evaluation is None:
+        return None
+    level = FRESH if evaluation.passed else ERROR if evaluation.severity == AssetCheckSeverity.ERROR else WARN
+    return {"level": level, "at": int(records[0].create_timestamp * 1000)}
+
+
 def sensor_report(verdict: Verdict, keys: Sequence[AssetKey], previous: Mapping[str, Any] | None, *,
                   sensor: str) -> tuple[list[AssetCheckEvaluation], dict[str, Any]]:
-    """What a sensor tick reports (events) and keeps in its cursor (the last report's level and
-    time): a report when the level changed or the last one is ``report_every`` old (or none)."""
+    """What a sensor tick reports, given the last stored report (:func:`last_reported`): the
+    evaluations when the level changed or the last one is ``report_every`` old (or there is
+    none), else nothing; and the report now current (``{"level", "at"}``)."""
     last = dict(previous or {})
     due = (last.get("level") != verdict.level or not isinstance(last.get("at"), int)
            or verdict.now_ms - last["at"] >= verdict.freshness.report_every.total_seconds() * 1000
@@ -248,4 +273,4 @@ def _check(graph: Graph, family: str, key: AssetKey, freshness: Freshness) -> An
 
 __all__ = ["ERROR", "FRESH", "FRESHNESS_CHECK", "WARN", "Freshness", "FreshnessConfigError", "Verdict",
            "build_freshness_checks", "check_evaluations", "evaluate", "freshness_check_keys",
-           "freshness_processors", "now_ms", "sensor_report", "without_freshness"]
+           "freshness_processors", "last_reported", "now_ms", "sensor_report", "without_freshness"]

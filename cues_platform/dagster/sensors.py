@@ -53,7 +53,8 @@ otherwise re-run one failure.
 Freshness: with ``freshness`` (``build_definitions``' default), the new-data, sink and on-demand
 sensors also report the ``freshness`` check of their processor's assets as runless
 ``AssetCheckEvaluation``s (``SensorResult(asset_events=...)``, also on a skipped tick): the age of
-the oldest unread row (``freshness.py``), when its level changes or every ``report_every``. The
+the oldest unread row (``freshness.py``), when its level differs from the newest stored
+evaluation of the check or that one is ``report_every`` old (the cursors stay as described above). The
 check shows on an idle lake, where no run is launched to evaluate it.
 
 Every sensor here is RUNNING by default (``default_status``): the daemon of ``dagster dev`` ticks
@@ -85,6 +86,7 @@ from cues_platform.dagster.freshness import (
     evaluate,
     freshness_check_keys,
     freshness_processors,
+    last_reported,
     sensor_report,
     without_freshness,
 )
@@ -180,13 +182,12 @@ def build_new_data_sensor(graph: Graph, proc: Processor, *, prefix: Sequence[str
         lake = getattr(context.resources, LAKE_KEY).lake()
         works = family_work(lake, graph, pid)
         ends, read = input_state(works, graph)
+        cursor = json.dumps({"ends": ends, "read": read}, sort_keys=True)
         previous = json.loads(context.cursor) if context.cursor else {}
-        state: dict[str, Any] = {"ends": ends, "read": read}
         events: list[Any] = []
         if freshness is not None:
             verdict = evaluate(lake, graph, pid, freshness, works=works)
-            events, state["freshness"] = sensor_report(verdict, keys, previous.get("freshness"), sensor=name)
-        cursor = json.dumps(state, sort_keys=True)
+            events, _ = sensor_report(verdict, keys, last_reported(context, keys[0]), sensor=name)
         busy = [w for w in works if w.has_work]
         if not busy:
             if not any(ends.values()):
@@ -235,13 +236,11 @@ def build_on_demand_sensor(graph: Graph, proc: Processor, *, prefix: Sequence[st
         states = [input_state(family_work(lake, graph, j), graph) for j in joins]
         body = "+".join(f"{q}.o{e}" for ends, _ in states for q, e in sorted(ends.items()))
         read = sum(r for _, r in states)
-        previous = json.loads(context.cursor) if context.cursor else {}
-        state: dict[str, Any] = {"ends": [e for e, _ in states], "read": read}
+        cursor = json.dumps({"ends": [e for e, _ in states], "read": read}, sort_keys=True)
         events: list[Any] = []
         if freshness is not None:
             verdict = evaluate(lake, graph, pid, freshness)
-            events, state["freshness"] = sensor_report(verdict, keys, previous.get("freshness"), sensor=name)
-        cursor = json.dumps(state, sort_keys=True)
+            events, _ = sensor_report(verdict, keys, last_reported(context, keys[0]), sensor=name)
         if not why:
             return SensorResult(skip_reason=SkipReason(
                 f"no join waits for {pid!r} ({', '.join(joins)} read every row it has, or has "
