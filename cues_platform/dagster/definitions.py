@@ -123,7 +123,6 @@ def build_definitions(
     externals = [external_spec(graph, q, prefix=prefix, group_name=group_name,
                                producers=(producers or {}).get(q, ()))
                  for q in external_queues(graph)]
-    _check_function_assets(graph)
     assets = [build_processor_asset(graph, graph.as_declared(pid), prefix=prefix,
                                     group_name=group_name, retry_policy=retry_policy,
                                     runner_resource_keys=user_keys)
@@ -203,16 +202,3 @@ def _check_unique_keys(graph: Graph, prefix: tuple[str, ...], external: set) -> 
                     f"is also the key of {seen[key]}; rename the processor or the queue",
                     processor=pid)
             seen[key] = f"processor {pid!r}"
-
-
-def _check_function_assets(graph: Graph) -> None:
-    """A ``@processor_asset`` is one step per materialization: of one lane. Over every partition
-    of a queue (several lanes) it is refused here, in one line, rather than stepping one lane."""
-    for family, lanes in graph.families.items():
-        proc = graph.processors[lanes[0]]
-        if proc.asset_body is AssetBody.FUNCTION and len(lanes) > 1:
-            raise GraphError(
-                f"processor {family!r} (@processor_asset) reads every partition of its input "
-                f"({len(lanes)} lanes: {', '.join(lanes)}); the function face runs one step of one "
-                "partition per materialization: bind one partition (In(queue, 'p')) or write it "
-                "as a Processor (the runner face steps every lane)", processor=family)

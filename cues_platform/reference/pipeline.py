@@ -13,12 +13,13 @@ Contracts (each processor is exactly-once; see docs/reference-pipeline.md):
 - ``intake`` (alts) merges the subjects of ``postings`` into one clearing lane, one subject per
   step (whichever has data, round robin), adding where each instruction came from.
 - ``parse`` (map) parses the JSON payload and names the first failed check in ``malformed``.
-  It is declared on its function with ``@processor_asset``; ``fx``, ``convert``, ``validate`` and
-  ``ledger`` are processors with ``asset_body=AssetBody.FUNCTION``: in Dagster the asset
-  body of all five is the function itself, one step per materialization, each output handed to
-  the ``cues_step_io`` IO manager (a fork's outputs committed together by the step protocol).
-  ``intake`` reads every partition of ``postings`` (one lane per participant), which the function
-  face refuses, so its asset runs the platform's runner (every lane, steps until drained).
+  ``intake`` and ``parse`` are declared on their functions with ``@processor_asset``; ``fx``,
+  ``convert``, ``validate`` and ``ledger`` are processors with ``asset_body=AssetBody.FUNCTION``:
+  in Dagster the asset body of all six is the function itself, each output handed to the
+  ``cues_step_io`` IO manager (a fork's outputs committed together by the step protocol). One
+  materialization is one step; ``intake`` reads every partition of ``postings`` (one lane per
+  participant), so its materialization is one step of each participant's lane with new
+  postings, each lane delivered through its own protocol (an idle lane commits nothing).
   ``cues run`` runs them all the same way.
 - ``fx`` (source) publishes one fixing (a row per currency) when ``convert`` has instructions
   waiting (or on their way) and has used every fixing published so far (quotes on demand), so the join always
@@ -120,11 +121,15 @@ def business_contracts() -> dict[str, Any]:
 
 
 # -- intake (alts) ----------------------------------------------------------------------------------
+@processor_asset(inputs={"postings": In("postings")}, outputs={"instructions": Out("instructions", "0")},
+                 error_queue="errors")
 def intake(ctx: Any, postings: Any) -> pa.Table:
     """Copy POSTINGS (partitioned by the receiving participant) into the one clearing lane,
     keeping each posting's subject and offset as ``posting_partition`` / ``posting_offset``. It
     reads every partition: one lane per participant, each with its own steps and positions
-    (processing/lanes.py), all writing partition "0" of ``instructions``."""
+    (processing/lanes.py), all writing partition "0" of ``instructions``. In Dagster its asset
+    body is this function, called once per lane with new postings in a materialization (each
+    lane's step delivered through its own protocol by the ``cues_step_io`` IO manager)."""
     from pyspark.sql import functions as F
 
     return _in_lane_order(postings.select(F.col("_partition").alias("posting_partition"),
@@ -374,11 +379,9 @@ def payments_graph(*, batch_size: int = DEFAULT_BATCH, fx_seed: int = 11,
         processors=[
             Processor("fx", Kind.SOURCE, make_fx(fx_seed), outputs={"rates": Out("fx_rates")}, options=opts,
                       asset_body=FUNCTION),
-            Processor("intake", Kind.MAP, intake, {"postings": In("postings")},
-                      {"instructions": Out("instructions", "0")}, error_queue="errors", options=opts),
-            # declared on its function (@processor_asset): in Dagster its asset body is `parse`,
-            # one step per materialization (as fx, convert, validate and ledger); intake, over
-            # every partition of postings, runs on the platform's runner
+            # declared on their functions (@processor_asset): in Dagster the asset body of intake
+            # is `intake` (one step per lane of postings with work), of parse `parse` (one step)
+            dataclasses.replace(intake, options=opts),
             dataclasses.replace(parse, options=opts),
             Processor("convert", Kind.JOIN, convert, {"postings": In("parsed"), "rates": In("fx_rates")},
                       {"priced": Out("priced")}, error_queue="errors", options=opts, asset_body=FUNCTION),

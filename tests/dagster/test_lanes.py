@@ -3,8 +3,8 @@ lane, its metadata shows lag and last step per partition, and its checks cover e
 
 from __future__ import annotations
 
-import pytest
 from dagster import materialize
+from deltalake import DeltaTable
 from pyspark.sql import functions as F
 
 from cues_platform.audit import audit
@@ -12,7 +12,6 @@ from cues_platform.dagster import CuesSparkResource, build_definitions, processo
 from cues_platform.processing import (
     ERROR_SCHEMA,
     Graph,
-    GraphError,
     In,
     Kind,
     Options,
@@ -65,14 +64,27 @@ def test_one_asset_steps_every_lane_and_reports_each_partition(lake, lake_resour
     assert audit(lake, graph=lanes_graph()).ok
 
 
-def test_a_function_asset_over_every_partition_is_refused_in_one_line(lake_resource) -> None:
+def test_a_function_asset_over_every_partition_steps_each_lane_with_work(lake, lake_resource, instance) -> None:
+    """The function face over several lanes (tests/dagster/test_function_multilane.py has the
+    crash cases): one materialization, one step of each lane with new rows, idle lanes untouched."""
     @processor_asset(inputs={"o": "orders"}, outputs="enriched")
     def enrich(ctx, o):
-        return o
+        return double(ctx, o)
 
     graph = Graph.build(name="lanes", queues=[QueueDef("orders", PAYLOAD, PARTS),
                                               QueueDef("enriched", PAYLOAD, PARTS)],
                         processors=[enrich])
-    with pytest.raises(GraphError, match=r"processor 'enrich' \(@processor_asset\) reads every partition "
-                                         r"of its input \(3 lanes: enrich, enrich.eu, enrich.us\)"):
-        build_definitions(graph, lake=lake_resource, spark=CuesSparkResource())
+    defs = build_definitions(graph, lake=lake_resource, spark=CuesSparkResource())
+    assert [a.op.name for a in defs.assets if hasattr(a, "op")] == ["enrich"]  # one asset, not three
+    create_queues(graph, lake)
+    lake.queue("orders").append(rows(0, 3), partition="0")
+    lake.queue("orders").append(rows(100, 4), partition="us")
+    result = materialize(assets_of(defs), resources=resources_of(defs), instance=instance)
+    assert result.success
+    (mat,) = [e.event_specific_data.materialization for e in result.get_asset_materialization_events()]
+    parts = mat.metadata["cues/partitions"].value
+    assert {p: v["steps"] for p, v in parts.items()} == {"0": 1, "eu": 0, "us": 1}
+    assert lake.queue("enriched").count() == 7
+    # the idle lane was not started: it has no backing queue (creating one is a commit)
+    assert not DeltaTable.is_deltatable(lake.system_uri("backing", "enrich.eu"), storage_options=lake.options)
+    assert audit(lake, graph=graph).ok
