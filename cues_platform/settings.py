@@ -284,6 +284,21 @@ def export(variable: str, value: str, *, keep_existing: bool = False) -> None:
         os.environ[variable] = value
 
 
+@contextmanager
+def exported(variable: str, value: str) -> Iterator[None]:
+    """``variable`` set to ``value`` for the block (a library reading it, e.g. a Dagster
+    instance's dagster.yaml naming ``DAGSTER_HOME``), then put back as it was (or unset)."""
+    before = os.environ.get(variable)
+    os.environ[variable] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(variable, None)
+        else:
+            os.environ[variable] = before
+
+
 def markdown_table() -> str:
     """The table of ``docs/settings.md``: one row per setting, from :data:`SPECS`."""
     rows = ["| setting | environment variable | default | meaning |", "|---|---|---|---|"]

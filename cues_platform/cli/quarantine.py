@@ -15,7 +15,6 @@ its checks, the daemon's automation) is what turns it green.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -29,6 +28,7 @@ from cues_platform.errors import ConfigurationError, CuesError
 from cues_platform.processing.contracts import rows_as_json
 from cues_platform.queues import Queue
 from cues_platform.queues.schema import OFFSET, RESERVED
+from cues_platform.settings import exported
 
 if TYPE_CHECKING:
     from cues_platform.dagster.check_memory import CheckMemory, Runs
@@ -85,16 +85,8 @@ def dagster_instance(home: str | None) -> Iterator[Any]:
             f"no Dagster instance at {path}: it has no dagster.yaml and no storage; set DAGSTER_HOME "
             "(or --dagster-home) to the folder of the instance the checks ran in",
             dagster_home=str(path))
-    before = os.environ.get("DAGSTER_HOME")
-    os.environ["DAGSTER_HOME"] = str(path)
-    try:
-        with DagsterInstance.from_config(str(path)) as instance:
-            yield instance
-    finally:
-        if before is None:
-            os.environ.pop("DAGSTER_HOME", None)
-        else:
-            os.environ["DAGSTER_HOME"] = before
+    with exported("DAGSTER_HOME", str(path)), DagsterInstance.from_config(str(path)) as instance:
+        yield instance
 
 
 def asset_key_of(queue: str, asset: str | None) -> Any:

@@ -52,7 +52,10 @@ def test_definitions_load_with_assets_lineage_checks_sensors_schedule() -> None:
     outside = {c for c in checks if c.name == "outside_protocol"}  # a warning: the pipeline goes on
     assert {c.asset_key for c in outside} == {AssetKey(k) for k in ("enriched", "big", "small")}
     assert not any(ag.get_check_spec(c).blocking for c in outside)
-    assert all(ag.get_check_spec(c).blocking for c in checks - {platform} - outside)
+    fresh = {c for c in checks if c.name == "freshness"}  # reported by the sensors, never blocking
+    assert {c.asset_key for c in fresh} == {AssetKey(k) for k in ("enriched", "big", "small", "archive")}
+    assert not any(ag.get_check_spec(c).blocking for c in fresh)
+    assert all(ag.get_check_spec(c).blocking for c in checks - {platform} - outside - fresh)
     # sensors, job, schedule, resources
     assert {s.name for s in repo.sensor_defs} == {
         "shop__enrich__new_data", "shop__split__new_data", "shop__archive__sink", "shop__recovery"}

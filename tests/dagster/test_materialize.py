@@ -41,7 +41,9 @@ def test_whole_graph_materializes_and_audits_clean(defs, lake, instance) -> None
              for e in result.get_asset_check_evaluations()}
     assert evals[("enriched", "contract")] and evals[("enriched", "exactly_once")]
     assert evals[("enriched", "outside_protocol")] and evals[("big", "outside_protocol")]
-    assert all(evals.values()) and len(evals) == 8
+    assert {(k, c) for (k, c) in evals if c == "freshness"} == {
+        (k, "freshness") for k in ("enriched", "big", "small", "archive")}  # drained: fresh
+    assert all(evals.values()) and len(evals) == 8 + 4
     assert enriched["cues/written_ranges"] == {"0": [0, 30]} == enriched["cues/arrived_ranges"]
     # a second run with no new data is a no-op: zero steps, same contents
     again = materialize(assets_of(defs), resources=resources_of(defs), instance=instance,
