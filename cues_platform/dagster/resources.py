@@ -114,7 +114,7 @@ class BackingQueueResource(ConfigurableResource):
         its stepper keeps the processor's snapshots and attempts in its backing queue (exactly
         once) or its positions (the other strategies). Used by the step IO manager."""
         return PhasedStep.create(graph=graph, processor=processor, lake=self.lake.lake(), spark=spark,
-                                 hook=hook)
+                                 hook=hook, backing_of=self.backing)
 
     def describe_last(self, processor_id: str) -> dict[str, Any]:
         """The last backing record in words: what recovery will find (empty dict: no record)."""

@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cues_platform.processing.backing import Snapshot
+from cues_platform.processing.backing import BackingOf, Snapshot
 from cues_platform.processing.deployments import check_and_record
 from cues_platform.processing.errors import GraphError
 from cues_platform.processing.graph import Graph
@@ -65,8 +65,10 @@ class PhasedStep:
 
     @classmethod
     def create(cls, *, graph: Graph, processor: Processor, lake: Lake, spark: Any,
-               resources: Mapping[str, Any] | None = None, hook: Hook | None = None) -> PhasedStep:
-        """The step's stepper, nothing read or recorded yet: :meth:`start` opens it."""
+               resources: Mapping[str, Any] | None = None, hook: Hook | None = None,
+               backing_of: BackingOf | None = None) -> PhasedStep:
+        """The step's stepper, nothing read or recorded yet: :meth:`start` opens it
+        (``backing_of``: where its backing queue is reached; default the lake's)."""
         if graph.processors.get(processor.id) is not processor:
             raise GraphError(f"processor {processor.id!r} is not in graph {graph.name!r}",
                              processor=processor.id)
@@ -78,7 +80,7 @@ class PhasedStep:
                              "runner-face asset", processor=processor.id)
         make = SourceStepper if processor.kind is Kind.SOURCE else make_stepper
         stepper = make(graph=graph, processor=processor, lake=lake, spark=spark,
-                       resources=resources, hook=hook)
+                       resources=resources, hook=hook, backing_of=backing_of)
         return cls(stepper, None)
 
     def start(self) -> PhasedStep:
