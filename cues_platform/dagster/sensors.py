@@ -67,6 +67,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from dagster import (
+    AssetCheckKey,
+    AssetCheckSeverity,
     AssetKey,
     AssetSelection,
     DagsterEventType,
@@ -81,6 +83,7 @@ from dagster import (
 )
 
 from cues_platform.dagster.assets import LAKE_KEY, processor_keys
+from cues_platform.dagster.checks import check_specs
 from cues_platform.dagster.freshness import (
     Freshness,
     evaluate,
@@ -90,6 +93,7 @@ from cues_platform.dagster.freshness import (
     sensor_report,
     without_freshness,
 )
+from cues_platform.dagster.keys import queue_key
 from cues_platform.processing.graph import Graph, Kind, Processor
 from cues_platform.processing.idle import LaneWork, family_work, source_wanted
 
@@ -101,6 +105,32 @@ MAX_FAILURES_PER_TICK = 100
 
 def input_queues(proc: Processor) -> list[str]:
     return sorted({i.queue for i in proc.inputs.values()})
+
+
+def upstream_gates(graph: Graph, proc: Processor, *, prefix: Sequence[str] = ()) -> list[AssetCheckKey]:
+    """The blocking checks (``contract``, ``exactly_once``) on the assets of ``proc``'s input
+    queues: while one of them is failing, the new-data sensor does not start ``proc`` (Dagster's
+    blocking stops downstream steps only inside the run that evaluated the check; the sensors
+    launch each processor in a run of its own)."""
+    mine = {queue_key(q, prefix) for q in input_queues(proc)}
+    families = sorted({graph.processors[p].family or p for q in input_queues(proc) for p in graph.producers_of(q)})
+    return [spec.key for fam in families for spec in check_specs(graph, graph.as_declared(fam), prefix=prefix)
+            if spec.blocking and spec.asset_key in mine]
+
+
+def failing_gates(instance: Any, gates: Sequence[AssetCheckKey]) -> list[str]:
+    """The gates whose newest completed evaluation failed with severity ERROR (a check never
+    evaluated, or in flight, does not hold anything back)."""
+    if not gates:
+        return []
+    latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(list(gates))
+    failing = []
+    for key, record in latest.items():
+        event = record.event.dagster_event if record.event is not None else None
+        evaluation = event.event_specific_data if event is not None else None
+        if getattr(evaluation, "passed", True) is False and evaluation.severity is AssetCheckSeverity.ERROR:
+            failing.append(key.to_user_string())
+    return sorted(failing)
 
 
 def input_versions(lake: Any, proc: Processor) -> dict[str, int]:
@@ -170,6 +200,7 @@ def build_new_data_sensor(graph: Graph, proc: Processor, *, prefix: Sequence[str
     queues = ", ".join(input_queues(proc))
     name = sensor_name(graph, proc)
     checked = freshness is not None  # its checks exist: its job leaves them to this sensor
+    gates = upstream_gates(graph, proc, prefix=prefix)
     fresh = ("; reports its freshness check (the age of its oldest unread row)"
              if freshness is not None else "")
 
@@ -200,6 +231,13 @@ def build_new_data_sensor(graph: Graph, proc: Processor, *, prefix: Sequence[str
             return SensorResult(skip_reason=SkipReason(why), cursor=cursor, asset_events=events)
         trigger = "new_data" if previous.get("ends") != ends else "catch_up"
         pending = [w.pending for w in busy if w.pending]
+        blocked = [] if pending else failing_gates(context.instance, gates)  # a decided step is finished
+        if blocked:
+            return SensorResult(skip_reason=SkipReason(
+                f"{pid!r} has unread rows but waits: the blocking check(s) {', '.join(blocked)} of its "
+                "input failed; fix the rows or the contract, or quarantine them (cues quarantine list "
+                "QUEUE), and it runs after the check's next evaluation passes"),
+                cursor=context.cursor, asset_events=events)
         tags = {TRIGGER_TAG: trigger, "cues/processor": pid,
                 "cues/lag_total": str(sum(w.lag for w in works))}
         if pending:

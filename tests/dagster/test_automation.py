@@ -12,16 +12,25 @@ import json
 from typing import Any
 
 import pyarrow as pa
-from dagster import AssetKey, Definitions, build_schedule_context, build_sensor_context, materialize
+from dagster import (
+    AssetCheckKey,
+    AssetKey,
+    AssetSelection,
+    Definitions,
+    build_schedule_context,
+    build_sensor_context,
+    materialize,
+)
 from deltalake import DeltaTable
 
 from cues_platform.dagster import CuesSparkResource, LakeResource, build_definitions
+from cues_platform.dagster.check_quarantine import quarantine_runs
 from cues_platform.processing import Graph, In, Kind, Options, Out, Processor, QueueDef
 from cues_platform.processing.idle import graph_work
 from cues_platform.processing.runner import GraphRunner, create_queues
 from cues_platform.queues import Lake
 from tests.dagster.conftest import assets_of, resources_of
-from tests.dagster.graphs import check_exact, load_orders
+from tests.dagster.graphs import build_graph, check_exact, load_orders
 from tests.support import PAYLOAD, rows
 
 TICKS = 3
@@ -226,3 +235,43 @@ def test_the_participants_schedule_skips_when_no_participant_has_work(pg_dsn: st
                                                       f"postgresql://127.0.0.1:{port + 1}/none?connect_timeout=2")])
     (run,) = tick(Definitions.merge(unreachable, Definitions(resources=wired)).get_repository_def()).run_requests
     assert run.tags["cues/work"].startswith("producer bank-b: its database could not be asked (OperationalError)")
+
+
+def test_a_failing_blocking_check_upstream_holds_the_downstream_sensor_until_it_passes(
+        spark, lake, lake_resource, instance) -> None:
+    """``enrich`` delivered a row (id -2) before ``enriched`` had its contract; the contract check
+    then fails (blocking, ERROR). ``split`` has unread rows, but its sensor does not start it while
+    that check is red (Dagster blocks downstream steps only inside the run that evaluated the check,
+    and each processor runs in its own run); after the row is quarantined and the check passes, the
+    same sensor requests the run."""
+    before = build_definitions(build_graph(with_contract=False), lake=lake_resource, spark=CuesSparkResource())
+    load_orders(lake, start=-1, count=11)
+    assert materialize(assets_of(before, checks=False), resources=resources_of(before), instance=instance,
+                       selection=[AssetKey("enriched")]).success
+    defs = build_definitions(build_graph(), lake=lake_resource, spark=CuesSparkResource())
+    contract = AssetCheckKey(AssetKey("enriched"), "contract")
+
+    def check_contract() -> Any:
+        result = materialize(assets_of(defs), resources=resources_of(defs), instance=instance,
+                             selection=AssetSelection.checks(contract), raise_on_error=False)
+        [evaluation] = result.get_asset_check_evaluations()
+        return evaluation
+
+    def tick_split() -> Any:
+        sensor = defs.get_repository_def().get_sensor_def("shop__split__new_data")
+        with build_sensor_context(instance=instance, resources={"lake": lake_resource}) as context:
+            return sensor.evaluate_tick(context)
+
+    red = check_contract()
+    assert not red.passed
+    held = tick_split()
+    assert held.run_requests == []
+    assert "waits" in held.skip_message and "enriched" in held.skip_message and "contract" in held.skip_message
+    assert lake.queue("big").count() + lake.queue("small").count() == 0
+
+    open_rows = {k: v.value for k, v in red.metadata.items()}["cues/open_failing"]
+    assert quarantine_runs(lake, error_queue="errors", queue="enriched", runs=open_rows,
+                           reason="id -2 from before the contract") == 1
+    assert check_contract().passed
+    [request] = tick_split().run_requests
+    assert set(request.asset_selection) == {AssetKey("big"), AssetKey("small")}
