@@ -10,8 +10,13 @@ none. Persistence, on every step (``ExactlyOnceStepper.step``):
    processor records nothing yet.
 2. Read the ranges as Spark DataFrames and run the function. Who failed is decided where the
    exception escapes (:func:`cues_platform.processing.failures.origin_of`): only the user's own
-   exceptions (and contract breaks in step 3) are *handled*. With an error queue the step's output
-   becomes one error row; without one they stop the processor (:class:`UnhandledStepError`).
+   exceptions (and contract breaks in step 3) are *handled*. With an error queue the step is
+   isolated to its failing rows (``processing/isolation.py``, ``Options.on_error``): the function
+   runs again on halves of the input until the failing rows are found, the other rows' results
+   are the step's output and each failing row becomes one error row (``OnError.WHOLE_STEP`` and a
+   sink: the step's output is one error row); without an error queue they stop the processor
+   (:class:`UnhandledStepError`). Isolation records nothing: a crash during it is a crash before
+   ``after_prepare``.
    A platform failure (Delta, the file system, Py4J/Spark infrastructure, a missing input file)
    is never handled: :class:`PlatformStepError` stops the processor, nothing is delivered, no
    error row is written, and the next start plans again from the same positions.
