@@ -9,6 +9,7 @@ from cues_platform.cli.audit import audit_command
 from cues_platform.cli.backing import backing
 from cues_platform.cli.common import CuesGroup
 from cues_platform.cli.demo import demo
+from cues_platform.cli.error_rows import errors_group
 from cues_platform.cli.graph import graph_group
 from cues_platform.cli.processor import processor
 from cues_platform.cli.quarantine import quarantine_group
@@ -36,6 +37,7 @@ main.add_command(jepsen)  # cues jepsen
 main.add_command(spark)  # cues spark
 main.add_command(processor)  # cues processor
 main.add_command(txn)  # cues txn
+main.add_command(errors_group)  # cues errors (error rows, one per failing input row)
 main.add_command(quarantine_group)  # cues quarantine (rows a contract/outside_protocol check holds open)
 
 __all__ = ["main"]

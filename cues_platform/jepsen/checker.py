@@ -30,10 +30,11 @@ Checks (each PASS/FAIL with examples):
    its send returned; below it (retained away) it is in ``merged`` (every reader had read it);
    every visible input key left is there once and is a key of the plan.
 4. ``exactly_once``: every visible input key is in ``merged`` once; then either exactly once in
-   each downstream queue and the sink table, or (rejected with its batch) in exactly one error
-   row and nowhere downstream; never both, never missing.
+   each downstream queue and the sink table, or (rejected by the user's rule, isolated from its
+   batch) in exactly one error row and nowhere downstream; never both, never missing.
 5. ``error_rows``: every error row was written by a lane of the rejecting processor with the
-   user's exception, for an input range that holds at least one key the user's rule rejects.
+   user's exception, for an input range that holds a key the user's rule rejects and no key it
+   accepts (isolation, ``processing/isolation.py``: the rest of the batch is delivered).
 6. ``sink_once``: the sink table's rows each carry a delivery hash and no key twice (the counts
    are part of check 4).
 7. ``lanes``: every key is in the partition its feeder sent it to, in every key queue (so each
@@ -423,6 +424,10 @@ def _check_error_rows(root: Path, expectation: Expectation, merged: pa.Table | N
             continue
         if not any(expectation.is_rejected(k) for k in keys):
             err.fail(f"{what}: its input range holds no key the user's rule rejects ({len(keys)} keys)")
+        accepted = [k for k in keys if not expectation.is_rejected(k)]
+        if accepted and expectation.isolated:  # isolation names only the rows the function fails on
+            err.fail(f"{what}: it holds {len(accepted)} key(s) the user's rule accepts, which "
+                     f"isolation should have delivered: {accepted[:3]}")
         covered.update(keys)
     return err, covered, lost_to
 

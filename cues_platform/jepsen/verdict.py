@@ -27,6 +27,9 @@ class Expectation:
     known_keys: frozenset[str]
     partition_of: Mapping[str, str]  # every planned key (aborted ones too) -> its partition
     is_rejected: Callable[[str], bool] = w.is_rejected
+    # the rejecting processor isolates the keys it fails on (Options.on_error = isolate, the
+    # harness's graph): an error row holding a key the rule accepts is then a violation
+    isolated: bool = True
     redeploys: tuple[dict, ...] = ()  # the redeploy nemesis's records (workload.REDEPLOY_LOG)
     time_records: tuple[dict, ...] = ()  # the time nemesis's records (workload.TIME_LOG)
     run_dir: Path | None = None  # the runners' logs (the time nemesis's timing check reads them)

@@ -11,8 +11,9 @@ compute what must be in the lake without asking the platform:
   :func:`txn_partition`), so :attr:`Plan.partition_of` knows where every key must be, in every
   queue downstream too.
 - :func:`is_rejected` is the user function's deterministic rule: a batch holding a rejected key
-  raises :class:`Rejected` in processor ``validate`` (so the whole batch is one legitimate error
-  row, and its other keys with it).
+  raises :class:`Rejected` in processor ``validate``; the step isolates the rejected key
+  (``processing/isolation.py``): one legitimate error row per rejected key, the rest of its batch
+  delivered.
 
 The graph (``user/jepsen_graph.py``, loaded by ``cues run`` as a user's file)::
 

@@ -24,6 +24,7 @@ from cues_platform.processing.graph import (
     SnapshotAt,
     Strategy,
 )
+from cues_platform.processing.model import OnError
 from cues_platform.processing.outputs import ERROR_SCHEMA
 from cues_platform.processing.runner import GraphRunner, ProcessorStats
 from cues_platform.processing.step import ExactlyOnceStepper, StepResult
@@ -32,7 +33,7 @@ __all__ = [
     "ERROR_SCHEMA", "AssetBody", "BackingQueue", "ExactlyOnceStepper", "Graph", "GraphError", "GraphRunner", "In",
     "Kind", "Options", "Out", "ProcessingError", "Processor", "ProcessorFencedError", "ProcessorStats",
     "QueueDef", "Range", "Record", "RecordType", "RecoveryError", "SimulatedCrash", "Snapshot",
-    "OutputWriter",
+    "OnError", "OutputWriter",
     "SnapshotAt",
     "StepContext", "StepResult", "Strategy", "UnhandledStepError", "processor_asset",
 ]

@@ -32,6 +32,8 @@ it escaped from:
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import StrEnum
 from types import TracebackType
 
@@ -210,5 +212,28 @@ def exception_type_of(exc: BaseException) -> str:
     return qualified_name(type(exc))
 
 
-__all__ = ["CONTRACT_EXCEPTION_TYPE", "CONTRACT_EXCEPTION_TYPES", "Origin", "PLATFORM_TYPE_PREFIXES", "Phase",
+
+
+
+class StepFailure(Exception):  # noqa: N818 - internal carrier, never escapes the steppers
+    """An exception that escaped step 2 or 3, with the phase it escaped from and its origin."""
+
+    def __init__(self, cause: Exception, phase: Phase) -> None:
+        super().__init__(str(cause))
+        self.cause, self.phase = cause, phase
+        self.origin = origin_of(cause, phase=phase)
+
+
+@contextmanager
+def failing_as(phase: Phase) -> Iterator[None]:
+    """Classify an exception escaping the block (``BaseException``s such as a crash pass through)."""
+    try:
+        yield
+    except StepFailure:
+        raise
+    except Exception as exc:  # noqa: BLE001 - classified at its source, re-raised below
+        raise StepFailure(exc, phase) from exc
+
+
+__all__ = ["StepFailure", "failing_as", "CONTRACT_EXCEPTION_TYPE", "CONTRACT_EXCEPTION_TYPES", "Origin", "PLATFORM_TYPE_PREFIXES", "Phase",
            "exception_type_of", "origin_of", "origin_of_exception_type", "qualified_name"]

@@ -76,6 +76,23 @@ class OutputWriter(StrEnum):
     DRIVER = "driver"
 
 
+class OnError(StrEnum):
+    """What a step does when the processor function raises a handled error (its own exception,
+    from the driver or from a row on an executor) and the processor has an error queue
+    (``processing/isolation.py``).
+
+    ``isolate`` (default): find the input rows the function fails on by splitting the step's input
+    range in halves (the streaming side of a join, the chosen input of an alts), deliver the rows
+    it does not fail on, and write one error row per failing input row; at most
+    ``Options.max_isolation_calls`` extra calls, after which the rows of a range still failing get
+    an error row each without further splitting. ``whole_step``: the step's output is one error
+    row naming its input ranges (the behaviour before isolation). A sink always behaves as
+    ``whole_step`` (its function has effects: see the module)."""
+
+    ISOLATE = "isolate"
+    WHOLE_STEP = "whole_step"
+
+
 class AssetBody(StrEnum):
     """What a processor's Dagster asset runs (``cues_platform.dagster``); ``cues run`` ignores it.
 
@@ -125,6 +142,11 @@ class Options:
     # at the same time in one runner (threads; Spark runs their jobs side by side); 1: in turn.
     # bench/bench_lanes.py: 2 lanes in parallel ~2x the throughput of in turn on 2 cores
     lane_workers: int = 4
+    # a handled error: isolate the failing rows (default) or fail the whole step (processing/isolation.py)
+    on_error: OnError = OnError.ISOLATE
+    # extra function calls one step's isolation may make: k failing rows of n cost about
+    # 2 k log2(n / k) calls; past the bound, the rows of ranges still failing get an error row each
+    max_isolation_calls: int = 256
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,13 @@ none. Persistence, on every step (``ExactlyOnceStepper.step``):
    processor records nothing yet.
 2. Read the ranges as Spark DataFrames and run the function. Who failed is decided where the
    exception escapes (:func:`cues_platform.processing.failures.origin_of`): only the user's own
-   exceptions (and contract breaks in step 3) are *handled*. With an error queue the step's output
-   becomes one error row; without one they stop the processor (:class:`UnhandledStepError`).
+   exceptions (and contract breaks in step 3) are *handled*. With an error queue the step is
+   isolated to its failing rows (``processing/isolation.py``, ``Options.on_error``): the function
+   runs again on halves of the input until the failing rows are found, the other rows' results
+   are the step's output and each failing row becomes one error row (``OnError.WHOLE_STEP`` and a
+   sink: the step's output is one error row); without an error queue they stop the processor
+   (:class:`UnhandledStepError`). Isolation records nothing: a crash during it is a crash before
+   ``after_prepare``.
    A platform failure (Delta, the file system, Py4J/Spark infrastructure, a missing input file)
    is never handled: :class:`PlatformStepError` stops the processor, nothing is delivered, no
    error row is written, and the next start plans again from the same positions.
@@ -80,6 +85,7 @@ read in that queue partition (keyed by what was read, never by the binding's nam
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -106,7 +112,7 @@ from cues_platform.processing.errors import (
     UnhandledStepError,
 )
 from cues_platform.processing.executor_output import executor_output, write_by_executors
-from cues_platform.processing.failures import Origin, Phase, origin_of, qualified_name
+from cues_platform.processing.failures import Origin, Phase, StepFailure, failing_as, qualified_name
 from cues_platform.processing.graph import Graph
 from cues_platform.processing.history import HomeDigests, processor_history
 from cues_platform.processing.home import (
@@ -120,6 +126,7 @@ from cues_platform.processing.home import (
     read_home,
     trim_home_log,
 )
+from cues_platform.processing.isolation import error_rows, isolate, isolated_input, payloads_of
 from cues_platform.processing.model import Kind, Processor, SnapshotAt
 from cues_platform.processing.outputs import (
     commit_staged,
@@ -138,30 +145,10 @@ from cues_platform.queues import Lake, Queue
 from cues_platform.queues.by_reference import WrittenPart
 from cues_platform.queues.errors import SchemaError
 from cues_platform.queues.reader import execute_spark, plan_read
-from cues_platform.queues.schema import RESERVED
+from cues_platform.queues.schema import OFFSET, RESERVED
 from cues_platform.spark.client import is_connect
 
 Hook = Callable[[str], None]
-
-
-class StepFailure(Exception):  # noqa: N818 - internal carrier, never escapes the steppers
-    """An exception that escaped step 2 or 3, with the phase it escaped from and its origin."""
-
-    def __init__(self, cause: Exception, phase: Phase) -> None:
-        super().__init__(str(cause))
-        self.cause, self.phase = cause, phase
-        self.origin = origin_of(cause, phase=phase)
-
-
-@contextmanager
-def failing_as(phase: Phase) -> Iterator[None]:
-    """Classify an exception escaping the block (``BaseException``s such as a crash pass through)."""
-    try:
-        yield
-    except StepFailure:
-        raise
-    except Exception as exc:  # noqa: BLE001 - classified at its source, re-raised below
-        raise StepFailure(exc, phase) from exc
 
 
 def without_metadata(table: pa.Table) -> pa.Table:
@@ -202,6 +189,7 @@ class StepBase:
         self.positions: dict[str, int] = dict.fromkeys(processor.inputs, 0)
         self.next_step = 0
         self._alts_cursor = 0
+        self._host_context: Any = None  # the context a host passed to call()
 
     def first_offset(self, binding: str) -> int:
         """Where a lane that never read its queue partition starts: the partition's start offset
@@ -239,6 +227,11 @@ class StepBase:
 
     def read_frames(self, snapshot: Snapshot) -> dict[str, Any]:
         """Step 2, first half: the snapshot's ranges as Spark DataFrames (lazy)."""
+        frames = self._frames(snapshot)
+        self.hook("after_read")
+        return frames
+
+    def _frames(self, snapshot: Snapshot) -> dict[str, Any]:
         with failing_as(Phase.READ):
             frames = {}
             for binding, r in snapshot.inputs.items():
@@ -246,14 +239,18 @@ class StepBase:
                 frames[binding] = frame = execute_spark(self.queues[r.queue], self.spark, plan)
                 if is_connect(self.spark):
                     frame.schema  # noqa: B018 - Connect resolves lazily: a missing file fails HERE
-        self.hook("after_read")
         return frames
 
     def call(self, snapshot: Snapshot, frames: Mapping[str, Any], context: Any = None) -> Any:
         """Step 2, second half: the processor function on the frames (``context``: what the
         function gets as its first argument; default the step's :class:`StepContext`)."""
+        if context is not None:
+            self._host_context = context  # what isolation's calls get too (processing/isolation.py)
+        return self._call_fn(self.context(snapshot) if context is None else context, frames)
+
+    def _call_fn(self, context: Any, frames: Mapping[str, Any]) -> Any:
         with failing_as(Phase.FUNCTION):
-            return self.processor.fn(self.context(snapshot) if context is None else context, **frames)
+            return self.processor.fn(context, **frames)
 
     def run_function(self, snapshot: Snapshot) -> Any:
         return self.call(snapshot, self.read_frames(snapshot))
@@ -279,8 +276,60 @@ class StepBase:
                 failure = escaped
         if failure.origin is Origin.PLATFORM:
             raise self.platform_error(snapshot, failure) from failure.cause
+        isolated = self.isolated(snapshot, failure.cause)
+        if isolated is not None:
+            return isolated
         staged, counts = self.handled(snapshot, failure.cause)
         return staged, counts, failure.cause
+
+    def isolated(self, snapshot: Snapshot, cause: Exception) -> tuple[dict, dict, Exception | None] | None:
+        """A handled failure of the whole step, isolated to its failing rows
+        (``processing/isolation.py``): ``(staged, counts, None)`` when some row was delivered,
+        ``(staged, counts, cause)`` when every row failed; None where the step is not isolated."""
+        binding = isolated_input(self.processor, snapshot, error_queue=self.error_queue_name)
+        if binding is None:
+            return None
+        options = self.processor.options
+        try:
+            frames = self._frames(snapshot)
+            host = self._host_context  # a host's context of THIS step (Dagster's), else the step's
+            base = host if getattr(host, "step", None) == snapshot.step else self.context(snapshot)
+            whole = snapshot.inputs[binding]
+
+            def call(start: int, end: int) -> dict[str, pa.Table]:
+                part = Range(whole.queue, whole.partition, start, end)
+                ctx = dataclasses.replace(base, inputs={**snapshot.inputs, binding: part})
+                sub = {**frames, binding: frames[binding].where(f"{OFFSET} >= {start} AND {OFFSET} < {end}")}
+                result = self._call_fn(ctx, sub)
+                with failing_as(Phase.MATERIALIZE):
+                    out = split_outputs(result, self.processor.outputs, processor=self.processor.id)
+                    return {b: without_metadata(to_arrow(v)) for b, v in out.items()}
+
+            found = isolate(binding=binding, whole=whole, first=cause, call=call,
+                            max_calls=options.max_isolation_calls,
+                            after_call=lambda: self.hook("after_isolation_call"))
+            payloads: dict[int, str] = {}
+            if found.failing:  # one Spark job: the failing rows themselves, for their error rows
+                offsets = ", ".join(str(f.offset) for f in found.failing)
+                with failing_as(Phase.READ):
+                    bad = frames[binding].where(f"{OFFSET} IN ({offsets})").toArrow()
+                payloads = payloads_of(bad, offset_column=OFFSET, drop=tuple(RESERVED))
+        except StepFailure as failure:  # a platform failure (isolate re-raises only those)
+            raise self.platform_error(snapshot, failure) from failure.cause
+        errors = error_rows(snapshot, found, payloads, max_calls=options.max_isolation_calls)
+        try:
+            with failing_as(Phase.STAGE):
+                tables = self._output_tables(snapshot, found.outputs())
+                mine = tables.setdefault(self.error_queue_name, {})
+                mine["0"] = pa.concat_tables([mine["0"], errors]) if "0" in mine else errors
+                staged, counts = self.keep(snapshot, tables)
+        except StepFailure as failure:
+            if failure.origin is Origin.PLATFORM:
+                raise self.platform_error(snapshot, failure) from failure.cause
+            # the good rows break their queue's schema: the whole step is handled, as before
+            return (*self.handled(snapshot, failure.cause), failure.cause)
+        # some call succeeded: the step delivered what its rows gave (an empty result included)
+        return staged, counts, (None if found.good else cause)
 
     def begin(self) -> Snapshot | None:  # pragma: no cover - every stepper defines it
         raise NotImplementedError
@@ -333,6 +382,11 @@ class StepBase:
             return self._stage_outputs(snapshot, arrow)
 
     def _stage_outputs(self, snapshot: Snapshot, arrow: Mapping[str, pa.Table]) -> tuple[dict, dict]:
+        return self.keep(snapshot, self._output_tables(snapshot, arrow))
+
+    def _output_tables(self, snapshot: Snapshot, arrow: Mapping[str, pa.Table]) -> dict[str, dict]:
+        """The function's rows by queue and partition, rows breaking a contract split off as
+        error rows (step 3, before conforming)."""
         tables: dict[str, dict] = {}
         for binding, table in arrow.items():
             out = self.processor.outputs[binding]
@@ -351,7 +405,7 @@ class StepBase:
             if table.num_rows:
                 for part, t in partitioned(table, out, self.queues[out.queue]).items():
                     tables.setdefault(out.queue, {})[part] = t
-        return self.keep(snapshot, tables)
+        return tables
 
     def handled(self, snapshot: Snapshot, exc: Exception) -> tuple[dict, dict]:
         """A handled failure: stage one error row for the error queue, or stop the processor."""

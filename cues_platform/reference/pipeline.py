@@ -36,8 +36,9 @@ header breaks it (a negative replay counter, a last posting before the first, a 
 posting to itself) is split off inside the ``intake`` step and delivered to ``errors`` in the same
 attempt, one row naming the failed checks with the row as JSON; the rest of the batch goes on.
 
-``intake``, ``parse`` and ``convert`` are stateless: a batch that raises goes to ``errors`` (one
-row naming the input ranges). ``validate`` and ``ledger`` keep state, so they have no error
+``intake``, ``parse`` and ``convert`` are stateless: when their function raises, the step isolates
+the postings it fails on (``processing/isolation.py``: one row each in ``errors``) and delivers the
+rest. ``validate`` and ``ledger`` keep state, so they have no error
 queue: an exception stops them and the next start retries the same batch.
 """
 

@@ -20,7 +20,7 @@ GRAPH_SOURCE = '''
 import pyarrow as pa
 from pyspark.sql import functions as F
 
-from cues_platform.processing import ERROR_SCHEMA, Graph, In, Kind, Options, Out, Processor, QueueDef
+from cues_platform.processing import ERROR_SCHEMA, Graph, In, Kind, OnError, Options, Out, Processor, QueueDef
 
 ORDERS = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("amount", pa.int64())])
 ENRICHED = pa.schema([pa.field("id", pa.int64()), pa.field("amount", pa.int64()),
@@ -29,7 +29,7 @@ ENRICHED = pa.schema([pa.field("id", pa.int64()), pa.field("amount", pa.int64())
 
 def enrich(ctx, orders):
     if ctx.step == 2:
-        raise ValueError("bad batch")  # handled: one row to the error queue
+        raise ValueError("bad batch")  # handled: one row to the error queue (whole_step)
     return orders.select("id", "amount", (F.col("amount") * 2).alias("double"))
 
 
@@ -46,7 +46,7 @@ graph = Graph.build(
             QueueDef("small", ORDERS), QueueDef("errors", ERROR_SCHEMA)],
     processors=[
         Processor("enrich", Kind.MAP, enrich, {"orders": In("orders")}, {"out": Out("enriched")},
-                  options=Options(batch_size=10, poll_interval=0.2)),
+                  options=Options(batch_size=10, poll_interval=0.2, on_error=OnError.WHOLE_STEP)),
         Processor("split", Kind.FORK, split, {"enriched": In("enriched")},
                   {"big": Out("big"), "small": Out("small")},
                   options=Options(batch_size=10, poll_interval=0.2)),

@@ -274,7 +274,7 @@ def test_user_error_goes_to_the_error_queue_and_platform_error_fails_the_op(spar
     matrix.load_inputs(lake, "map")
     defs = build_definitions(graph, lake=LakeResource(root=lake.root), spark=CuesSparkResource())
     materialize_until_idle(defs, instance)
-    matrix.check_exact(lake, "map", "error")  # step 1's Boom: one error row, the op succeeded
+    matrix.check_exact(lake, "map", "error")  # step 1's Boom: an error row per row (isolated), the op succeeded
     # a platform failure: an input file gone. Nothing is delivered and no error row is written.
     lake.queue("a").append(matrix.rows(1000, 5), partition="0")
     part = [f for f in Path(lake.local_path(lake.queue("a").uri)).rglob("*.parquet")]

@@ -74,6 +74,9 @@ class HandLake:
     rejected: set[str] = field(default_factory=set)  # the hand-made rule
     registry: list[list[dict]] = field(default_factory=list)  # _cues/deployments, version by version
     redeploys: list[dict] = field(default_factory=list)  # the redeploy nemesis's records
+    # False: the rejection takes its whole batch (the error row covers merged [8, 12), as
+    # Options(on_error=whole_step) writes it); the harness's graph isolates (True)
+    isolated: bool = False
 
     @classmethod
     def healthy(cls, root: Path) -> HandLake:
@@ -150,7 +153,7 @@ class HandLake:
         return Expectation(acked=frozenset(self.acked), aborted_keys=frozenset(TXN_ABORTED),
                            known_keys=frozenset(self.partition_of) - set(TXN_ABORTED),
                            partition_of=dict(self.partition_of), is_rejected=self.rejected.__contains__,
-                           redeploys=tuple(self.redeploys))
+                           redeploys=tuple(self.redeploys), isolated=self.isolated)
 
 
 @pytest.fixture

@@ -28,6 +28,24 @@ def test_a_healthy_lake_passes_every_check(hand_lake):
     assert all(c.checked for c in report.checks)
 
 
+def test_an_isolated_rejection_delivers_the_rest_of_its_batch_and_passes(hand_lake):
+    hand_lake.isolated = True
+    hand_lake.errors[0]["inputs"] = json.dumps({"src": [w.MERGED, "0", 9, 10]})  # REJECTED alone
+    for q in (w.VALIDATED, w.LEFT, w.RIGHT, w.ENRICHED):
+        hand_lake.tables[q] = rows(IDEM[:9] + TXN_OK)
+    hand_lake.tables["sink"] = sink_rows(IDEM[:9] + TXN_OK)
+    report = check_lake(hand_lake.write(), hand_lake.expectation())
+    assert report.ok, report.to_dict()
+    assert report.counts["keys_in_error_rows"] == 1
+
+
+def test_an_isolating_rejection_that_took_accepted_keys_fails(hand_lake):
+    hand_lake.isolated = True  # the error row still covers merged [8, 12): three accepted keys
+    assert failing(hand_lake) == {"error_rows": [
+        "error row at offset 0 (validate step 2, jepsen_graph.Rejected): it holds 3 key(s) the user's "
+        f"rule accepts, which isolation should have delivered: {[IDEM[8], *TXN_OK]}"]}
+
+
 def test_a_duplicate_key_downstream(hand_lake):
     hand_lake.tables[w.ENRICHED] = rows(IDEM[:8] + [IDEM[1]])  # offsets stay dense: 0..8
     assert failing(hand_lake) == {"exactly_once": [f"enriched: key {IDEM[1]} is there 2 times"]}

@@ -185,6 +185,8 @@ class Expected:
     sink: list[int] | None = None
     errors: int = 0
     error_inputs: list[tuple[str, int, int]] = field(default_factory=list)  # (queue, start, end)
+    # error rows of a failed step: one per row of its block (isolation), one for a sink's step
+    error_rows_per_step: int = 1
 
 
 def expected(kind: str, outcome: str, *, n: int = N, batch: int = BATCH) -> Expected:
@@ -195,12 +197,17 @@ def expected(kind: str, outcome: str, *, n: int = N, batch: int = BATCH) -> Expe
             for q, ids in inputs.items()}
     ex = Expected()
     if outcome == "error":
-        if kind == "alts":
-            ex.errors = 2
-            ex.error_inputs = [("a", batch, 2 * batch), ("c", batch, 2 * batch)]
-        else:
-            ex.errors = 1
-            ex.error_inputs = [(q, batch, 2 * batch) for q in inputs]
+        ex.errors = 2 if kind == "alts" else 1
+        block = range(batch, 2 * batch)
+        if kind == "sink":  # not isolated: one error row naming the step's ranges
+            ex.error_inputs = [("a", batch, 2 * batch)]
+        elif kind == "alts":  # isolated on the chosen input: one error row per row of its block
+            ex.error_inputs = [(q, o, o + 1) for q in ("a", "c") for o in block]
+        else:  # isolated on "a" (a join: the first of its equal-sized inputs), "c" given whole
+            ex.error_inputs = [("a", o, o + 1) for o in block]
+            if kind == "join":
+                ex.error_inputs += [("c", batch, 2 * batch)] * batch
+        ex.error_rows_per_step = 1 if kind == "sink" else batch
     doubled = sorted(i * 2 for ids in kept.values() for i in ids)
     if kind == "fork":
         ex.queues = {"b": doubled, "d": sorted(i * 3 for i in kept["a"])}
@@ -275,7 +282,8 @@ def check_exact(lake: Lake, kind: str, outcome: str, *, n: int = N, batch: int =
             att = by_hash[h]
             assert att.type is RecordType.ATTEMPT_OUTPUT
             assert sum(att.outputs["rows"][q].values()) == count
-    # Errors: one row per failed step, with the processor, step, hash and inputs of that step.
+    # Errors: one row per failing input row (isolation; a sink: one per failed step), with the
+    # processor, step, hash of that step and the row's one-offset range (a sink: the step's ranges).
     err_attempts = sorted((a for a in attempts.values() if a.type is RecordType.ATTEMPT_ERROR),
                           key=lambda a: a.step)
     assert len(err_attempts) == ex.errors
@@ -283,7 +291,7 @@ def check_exact(lake: Lake, kind: str, outcome: str, *, n: int = N, batch: int =
         errors = [e for e in lake.queue("errors").read_arrow(partition="0").to_pylist()
                   if e["processor"] == pid]
         got = sorted((e["processor"], e["step"], e["_delivery_hash"]) for e in errors)
-        assert got == [(pid, a.step, a.hash) for a in err_attempts]
+        assert got == [(pid, a.step, a.hash) for a in err_attempts for _ in range(ex.error_rows_per_step)]
         spans = sorted((q, s, e) for row in errors for (q, _p, s, e) in json.loads(row["inputs"]).values()
                        if e > s)
         assert spans == sorted(ex.error_inputs)

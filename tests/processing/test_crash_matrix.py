@@ -2,8 +2,8 @@
 
 Each case crashes step 1 (step 0 is already delivered) at one hook point, restarts with a new
 GraphRunner on the same lake, runs until idle and checks the exact contents (``check_exact``):
-every output row once, one error row per failed step with its processor/step/hash, sink side
-effects once, and a backing history of [snapshot, attempt] per step ending with an attempt.
+every output row once, one error row per failing input row (a sink: per failed step) with its
+processor/step/hash, sink side effects once, and a backing history of [snapshot, attempt] per step ending with an attempt.
 In-process crashes raise SimulatedCrash; one SIGKILLed child process per kind covers real kills.
 """
 
@@ -74,6 +74,8 @@ def in_this_run(kind: str, point: str) -> bool:
 
 MATRIX = [(k, o, p) for k, o, p in itertools.product(KINDS, OUTCOMES, STEP_POINTS)
           if reached(k, o, p) and in_this_run(k, p)]
+# in the middle of isolating a failing step's rows (processing/isolation.py): a sink is not isolated
+MATRIX += [(k, "error", "after_isolation_call") for k in KINDS if k != "sink"]
 
 
 def crash_then_recover(spark, lake: Lake, graph, hook: CrashAt, kind: str) -> None:
@@ -241,12 +243,14 @@ def test_unhandled_error_stops_and_the_fixed_function_retries_the_same_snapshot(
 
 
 # -- SIGKILL of a child process, one row per kind ------------------------------------------------
-KILLS = {  # kind -> (outcome, point, occurrence)
-    "map": ("output", "after_commit", 2),  # the one commit of step 1 is made, nothing after it
-    "join": ("error", "after_attempt", 1),  # step 1 fails: its error row is staged (attempt path)
-    "alts": ("nil", "after_prepare", 2),  # nothing of step 1 recorded
-    "fork": ("output", "between_commits", 2),
-    "sink": ("output", "after_function", 2),  # the side effect happened, the attempt did not
+KILLS = {  # case -> (kind, outcome, point, occurrence)
+    "map": ("map", "output", "after_commit", 2),  # the one commit of step 1 is made, nothing after it
+    "join": ("join", "error", "after_attempt", 1),  # step 1 fails: its error rows are staged (attempt path)
+    "alts": ("alts", "nil", "after_prepare", 2),  # nothing of step 1 recorded
+    "fork": ("fork", "output", "between_commits", 2),
+    "sink": ("sink", "output", "after_function", 2),  # the side effect happened, the attempt did not
+    # killed in the middle of isolating step 1's failing rows (its 5th call): nothing recorded
+    "map-isolating": ("map", "error", "after_isolation_call", 5),
 }
 
 
@@ -254,13 +258,13 @@ KILLS = {  # kind -> (outcome, point, occurrence)
 def killed_children(request, tmp_path_factory):
     """Start every selected SIGKILL child when the module starts (each starts its own Spark, which
     takes a while): they run while the in-process matrix runs, and their tests come last."""
-    selected = {item.callspec.params["kind"] for item in request.session.items
+    selected = {item.callspec.params["case"] for item in request.session.items
                 if item.module is request.module and item.originalname == "test_sigkill_child_then_recover"}
     children = {}
-    for kind, (outcome, point, occurrence) in KILLS.items():
-        if kind not in selected:
+    for case, (kind, outcome, point, occurrence) in KILLS.items():
+        if case not in selected:
             continue
-        root = tmp_path_factory.mktemp(f"kill-{kind}") / "lake"
+        root = tmp_path_factory.mktemp(f"kill-{case}") / "lake"
         lake = Lake(root=str(root))
         create_queues(build_graph(kind, outcome), lake)
         load_inputs(lake, kind)
@@ -268,7 +272,7 @@ def killed_children(request, tmp_path_factory):
         proc = subprocess.Popen([sys.executable, "-c", CHILD, str(root), kind, outcome, point,
                                  str(occurrence)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                 env={**os.environ, "PYTHONPATH": str(ROOT)})
-        children[kind] = (lake, proc, log)
+        children[case] = (lake, proc, log)
     yield children
     for _lake, proc, log in children.values():
         if proc.poll() is None:
@@ -277,10 +281,10 @@ def killed_children(request, tmp_path_factory):
         log.close()
 
 
-@pytest.mark.parametrize("kind", list(KILLS))
-def test_sigkill_child_then_recover(spark, killed_children, kind):
-    lake, proc, log = killed_children[kind]
-    outcome, point, _ = KILLS[kind]
+@pytest.mark.parametrize("case", list(KILLS))
+def test_sigkill_child_then_recover(spark, killed_children, case):
+    lake, proc, log = killed_children[case]
+    kind, outcome, point, _ = KILLS[case]
     rc = proc.wait(timeout=300)
     log.flush()
     output = Path(log.name).read_text()

@@ -90,7 +90,8 @@ def test_missing_input_file_is_a_platform_failure_retried_with_the_same_hash(spa
 
 def test_a_udf_that_raises_is_the_users_error_row_named_after_its_class(spark, lake):
     """A UDF fails on an executor while the result is materialized: that is the user's logic, so
-    one error row, whose exception_type is the user's class (not pyspark's PythonException)."""
+    one error row per failing row (isolation), whose exception_type is the user's class (not
+    pyspark's PythonException)."""
 
     @F.udf(LongType())
     def check(i):
@@ -105,12 +106,13 @@ def test_a_udf_that_raises_is_the_users_error_row_named_after_its_class(spark, l
     load = GraphRunner(graph=graph, lake=lake, spark=spark)
     load_inputs(lake, "map")
     load.run_until_idle()
-    errors = error_rows(lake)
-    assert len(errors) == 1
-    assert errors[0]["exception_type"] == f"{__name__}.UdfBoom"
-    assert origin_of_exception_type(errors[0]["exception_type"]) is Origin.USER
-    assert "id 10 is not allowed" in errors[0]["message"]
-    assert json.loads(errors[0]["inputs"]) == {"src": ["a", "0", 10, 20]}
+    errors = sorted(error_rows(lake), key=lambda e: json.loads(e["inputs"])["src"][2])
+    assert len(errors) == 10
+    for offset, error in zip(range(10, 20), errors, strict=True):
+        assert error["exception_type"] == f"{__name__}.UdfBoom"
+        assert origin_of_exception_type(error["exception_type"]) is Origin.USER
+        assert f"id {offset} is not allowed" in error["message"]
+        assert json.loads(error["inputs"]) == {"src": ["a", "0", offset, offset + 1]}
     assert ids_of(lake, "b") == [i * 2 for i in range(30) if not 10 <= i < 20]
 
 
@@ -130,10 +132,11 @@ def test_ansi_arithmetic_error_on_the_executors_is_the_users(spark, lake):
     finally:
         spark.conf.unset("spark.sql.ansi.enabled")
     errors = error_rows(lake)
-    assert len(errors) == 1, errors
+    assert len(errors) == 1, errors  # the one row dividing by zero, isolated
     assert origin_of_exception_type(errors[0]["exception_type"]) is Origin.USER
     assert "ArithmeticException" in errors[0]["exception_type"]
-    assert ids_of(lake, "b") == [i * 2 for i in range(30) if not 10 <= i < 20]
+    assert json.loads(errors[0]["inputs"]) == {"src": ["a", "0", 15, 16]}
+    assert ids_of(lake, "b") == [i * 2 for i in range(30) if i != 15]
 
 
 def test_an_oserror_the_function_raises_itself_is_the_users(spark, lake):
@@ -149,7 +152,10 @@ def test_an_oserror_the_function_raises_itself_is_the_users(spark, lake):
     runner.run_until_idle()
     errors = error_rows(lake)
     assert [e["exception_type"] for e in errors] == ["builtins.FileNotFoundError"]
-    assert ids_of(lake, "b") == [i * 2 for i in range(30) if not 10 <= i < 20]
+    # the function fails on every call whose range starts at offset 10: isolation proves only
+    # offset 10 failing (calls on [10, 11) fail, on [11, 12), [12, 15), [15, 20) succeed)
+    assert json.loads(errors[0]["inputs"]) == {"src": ["a", "0", 10, 11]}
+    assert ids_of(lake, "b") == [i * 2 for i in range(30) if i != 10]
 
 
 KILL_JVM_CHILD = """
