@@ -15,7 +15,7 @@ from cues_platform.errors import CuesError, TransientStorageError
 NOT_CUES_ERRORS = {
     "cues_platform.processing.errors.SimulatedCrash":
         "a test hook's crash: a BaseException so that it escapes every `except Exception`",
-    "cues_platform.processing.step.StepFailure":
+    "cues_platform.processing.failures.StepFailure":
         "internal carrier of a user's exception between the steppers' phases; never escapes them",
     "cues_platform.dagster.checks.RangesNotRecorded": "raised and caught inside dagster/checks.py",
     "cues_platform.queues.coordinator.AlreadyDecided":
