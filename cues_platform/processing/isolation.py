@@ -14,7 +14,8 @@ It finds the failing input rows and delivers the rest, in the same step:
    fails is split again, down to single offsets, halves in offset order. A platform failure in a
    call stops the step as usual (``PlatformStepError``: nothing delivered).
 3. A row is *failing* only when a call on exactly that one offset failed: never by elimination.
-   With ``Options.max_isolation_calls`` spent, the rows of each range still failing get one error
+   With the call budget spent (``Options.max_isolation_calls``; by default 32 per halving of
+   the step, :func:`call_budget`), the rows of each range still failing get one error
    row each, saying the range was not split further (they are in the error queue, not lost).
 4. The results of the halves that succeeded, concatenated in offset order, are the step's output,
    and the failing rows are one error row each (the row as JSON in ``payload``, its one-offset range
@@ -43,6 +44,7 @@ before: nothing to put the rows in).
 from __future__ import annotations
 
 import json
+import math
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -86,6 +88,17 @@ class Isolation:
             for binding, table in out.items():
                 parts.setdefault(binding, []).append(table)
         return {b: pa.concat_tables(ts, promote_options="default") for b, ts in parts.items()}
+
+
+CALLS_PER_HALVING = 32  # the default budget: this many calls per level of halving of the step
+
+
+def call_budget(max_calls: int | None, size: int) -> int:
+    """``Options.max_isolation_calls``, or by default ``32 * ceil(log2 size)``: enough for about
+    16 failing rows, and a function that fails on every row stops after as many calls."""
+    if max_calls is not None:
+        return max_calls
+    return CALLS_PER_HALVING * max(1, math.ceil(math.log2(max(2, size))))
 
 
 def isolated_input(processor: Processor, snapshot: Snapshot, *, error_queue: str | None) -> str | None:
@@ -166,5 +179,5 @@ def payloads_of(table: pa.Table, *, offset_column: str, drop: tuple[str, ...]) -
     return dict(zip(offsets, rows_as_json(payload), strict=True))
 
 
-__all__ = ["ISOLATED_KINDS", "Failing", "Isolation", "error_rows", "isolate", "isolated_input",
+__all__ = ["CALLS_PER_HALVING", "ISOLATED_KINDS", "call_budget", "Failing", "Isolation", "error_rows", "isolate", "isolated_input",
            "payloads_of"]

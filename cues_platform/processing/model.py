@@ -145,8 +145,10 @@ class Options:
     # a handled error: isolate the failing rows (default) or fail the whole step (processing/isolation.py)
     on_error: OnError = OnError.ISOLATE
     # extra function calls one step's isolation may make: k failing rows of n cost about
-    # 2 k log2(n / k) calls; past the bound, the rows of ranges still failing get an error row each
-    max_isolation_calls: int = 256
+    # 2 k log2(n / k) calls; past the bound, the rows of ranges still failing get an error row each.
+    # None (default): 32 per halving of the step, 32 * ceil(log2 n) (640 for a 1M-offset step:
+    # room for about 16 failing rows), so a function failing on every row stops that early too
+    max_isolation_calls: int | None = None
 
 
 @dataclass(frozen=True)

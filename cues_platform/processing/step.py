@@ -126,7 +126,13 @@ from cues_platform.processing.home import (
     read_home,
     trim_home_log,
 )
-from cues_platform.processing.isolation import error_rows, isolate, isolated_input, payloads_of
+from cues_platform.processing.isolation import (
+    call_budget,
+    error_rows,
+    isolate,
+    isolated_input,
+    payloads_of,
+)
 from cues_platform.processing.model import Kind, Processor, SnapshotAt
 from cues_platform.processing.outputs import (
     commit_staged,
@@ -305,8 +311,8 @@ class StepBase:
                     out = split_outputs(result, self.processor.outputs, processor=self.processor.id)
                     return {b: without_metadata(to_arrow(v)) for b, v in out.items()}
 
-            found = isolate(binding=binding, whole=whole, first=cause, call=call,
-                            max_calls=options.max_isolation_calls,
+            budget = call_budget(options.max_isolation_calls, whole.size)
+            found = isolate(binding=binding, whole=whole, first=cause, call=call, max_calls=budget,
                             after_call=lambda: self.hook("after_isolation_call"))
             payloads: dict[int, str] = {}
             if found.failing:  # one Spark job: the failing rows themselves, for their error rows
@@ -316,7 +322,7 @@ class StepBase:
                 payloads = payloads_of(bad, offset_column=OFFSET, drop=tuple(RESERVED))
         except StepFailure as failure:  # a platform failure (isolate re-raises only those)
             raise self.platform_error(snapshot, failure) from failure.cause
-        errors = error_rows(snapshot, found, payloads, max_calls=options.max_isolation_calls)
+        errors = error_rows(snapshot, found, payloads, max_calls=budget)
         try:
             with failing_as(Phase.STAGE):
                 tables = self._output_tables(snapshot, found.outputs())

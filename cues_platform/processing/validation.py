@@ -92,7 +92,7 @@ def validate_graph(graph: GraphShape) -> None:
                              "fixed-size steps", processor=p.id)
         if p.options.lane_workers < 1:
             raise GraphError(f"{where}: lane_workers must be >= 1 (1: lanes step in turn)", processor=p.id)
-        if p.options.max_isolation_calls < 0:
+        if p.options.max_isolation_calls is not None and p.options.max_isolation_calls < 0:
             raise GraphError(f"{where}: max_isolation_calls must be >= 0 (0: a failing step's rows "
                              "each get an error row without splitting)", processor=p.id)
         if p.options.backing_maintenance_every < 0:

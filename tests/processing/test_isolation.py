@@ -30,7 +30,7 @@ from cues_platform.processing.backing import Range
 from cues_platform.processing.errors import PlatformStepError
 from cues_platform.processing.failures import Phase, StepFailure
 from cues_platform.processing.history import processor_history
-from cues_platform.processing.isolation import Failing, isolate
+from cues_platform.processing.isolation import Failing, call_budget, isolate
 from cues_platform.queues import Lake
 from tests.processing.test_failures import MoveAway
 from tests.support import PAYLOAD, rows
@@ -237,3 +237,12 @@ def test_isolate_partitions_the_range_and_names_only_proven_rows(n, data) -> Non
     assert poison <= set(failing)
     if budget >= 2 * len(poison) * max(1, math.ceil(math.log2(n))):
         assert set(failing) == poison and all(isinstance(f, Failing) and f.isolated for f in found.failing)
+
+
+def test_the_default_budget_is_32_calls_per_halving_of_the_step() -> None:
+    """``max_isolation_calls=None``: 32·⌈log2 n⌉ (640 for 1M offsets, room for about 16 failing
+    rows at 2·log2(n/k) calls each); a number given is taken as it is."""
+    assert call_budget(None, 1_000_000) == 640 and call_budget(None, 10_000) == 448
+    assert call_budget(None, 1) == 32 and call_budget(0, 1_000_000) == 0 and call_budget(7, 2) == 7
+    need = 2 * 16 * math.ceil(math.log2(1_000_000 / 16))
+    assert need <= call_budget(None, 1_000_000)
