@@ -72,17 +72,35 @@ class Range:
 
 
 @dataclass(frozen=True)
+class ErrorRef:
+    """One row of an error queue: what a replay step re-feeds (``processing/replay.py``)."""
+
+    queue: str
+    partition: str
+    offset: int
+
+    def __str__(self) -> str:
+        return f"{self.queue}/{self.partition}@{self.offset}"
+
+
+@dataclass(frozen=True)
 class Snapshot:
-    """The input ranges of one step (and, for alts, the binding it reads)."""
+    """The input ranges of one step (and, for alts, the binding it reads). A *replay step*
+    (``replay`` set) re-reads the ranges of that error row on purpose: its ranges are old, the
+    lane's positions do not move."""
 
     processor: str
     step: int
     inputs: Mapping[str, Range]
     alts: str | None = None
+    replay: ErrorRef | None = None
 
     def canonical(self) -> bytes:
-        body = {"processor": self.processor, "step": self.step, "alts": self.alts,
-                "inputs": {b: [r.queue, r.partition, r.start, r.end] for b, r in sorted(self.inputs.items())}}
+        body: dict[str, Any] = {
+            "processor": self.processor, "step": self.step, "alts": self.alts,
+            "inputs": {b: [r.queue, r.partition, r.start, r.end] for b, r in sorted(self.inputs.items())}}
+        if self.replay is not None:  # absent otherwise: every other hash is unchanged
+            body["replay"] = [self.replay.queue, self.replay.partition, self.replay.offset]
         return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
     @property
@@ -96,8 +114,10 @@ class Snapshot:
     @classmethod
     def from_json(cls, text: str) -> Snapshot:
         body = json.loads(text)
+        replay = body.get("replay")
         return cls(processor=body["processor"], step=body["step"], alts=body["alts"],
-                   inputs={b: Range(*v) for b, v in body["inputs"].items()})
+                   inputs={b: Range(*v) for b, v in body["inputs"].items()},
+                   replay=None if replay is None else ErrorRef(*replay))
 
     @property
     def rows(self) -> int:

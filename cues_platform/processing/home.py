@@ -203,7 +203,9 @@ def commit_step(queue: Queue, snapshot: Snapshot, tables: Mapping[str, Any], *, 
     pid, step = snapshot.processor, snapshot.step
     guard = home_guard(queue, pid, epoch=epoch, step=step)
     txns = [(PROCESSOR_STEP.id(pid), step), (PROCESSOR_EPOCH.id(pid), epoch)]
-    txns += sorted({(LANE_POSITION.id(pid, r.queue, r.partition), r.end) for r in snapshot.inputs.values()})
+    if snapshot.replay is None:  # a replay step re-reads old ranges: the positions stay
+        txns += sorted({(LANE_POSITION.id(pid, r.queue, r.partition), r.end)
+                        for r in snapshot.inputs.values()})
     metadata = {"cues.processor": pid, "cues.step": str(step), "cues.epoch": str(epoch),
                 "cues.outcome": outcome.value, STEP_RECORD_KEY: "commit" if is_record else "backing"}
     if is_record:

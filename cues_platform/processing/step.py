@@ -439,12 +439,15 @@ class StepBase:
                 for b, s in self.processor.inputs.items()}
 
     def advance(self, snapshot: Snapshot) -> None:
-        """Step 6: positions to the snapshot's ends, matched by queue and partition."""
+        """Step 6: positions to the snapshot's ends, matched by queue and partition (a replay
+        step's ranges are old ones: only the step number moves)."""
+        self.next_step = snapshot.step + 1
+        if snapshot.replay is not None:
+            return
         ends = self._by_pair(snapshot, "end")
         for binding, src in self.processor.inputs.items():
             if (src.queue, src.partition) in ends:
                 self.positions[binding] = ends[(src.queue, src.partition)]
-        self.next_step = snapshot.step + 1
 
 
 class ExactlyOnceStepper(StepBase):
@@ -487,6 +490,9 @@ class ExactlyOnceStepper(StepBase):
                 return None
             result = self.deliver(last, recovered=True)  # an attempt the home does not close yet
             self.advance(last.snapshot)
+            if last.snapshot.replay is not None:  # its ranges say nothing of the positions
+                home = read_home(self.queues[self.home], self.processor)  # type: ignore[index]
+                self.positions = self._stored_positions(home, None)  # type: ignore[arg-type]
             return result
         if done < 0:
             self.positions = {b: self.first_offset(b) for b in self.processor.inputs}
@@ -606,8 +612,9 @@ class ExactlyOnceStepper(StepBase):
                 RecordType.ATTEMPT_OUTPUT if tables else RecordType.ATTEMPT_NIL)
         message_type = "error" if exc is not None else "message"
         self.hook("after_prepare")
-        if self.home is not None and set(tables) <= {self.home}:
-            # Step 4 (one commit: the step's rows, positions and snapshot, atomically)
+        if self.home is not None and set(tables) <= {self.home} and snapshot.replay is None:
+            # Step 4 (one commit: the step's rows, positions and snapshot, atomically; a replay
+            # step takes the attempt path: its attempt record is the replay log's entry)
             commit_step(self.queues[self.home], snapshot, tables.get(self.home, {}), epoch=self.epoch,
                         outcome=kind, rows=counts, is_record=True, message_type=message_type)
             self.hook("after_commit")
