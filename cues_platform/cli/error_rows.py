@@ -4,6 +4,10 @@ Each error row names the processor, its step, the input row it failed on (``queu
 when the step isolated it: ``processing/isolation.py``; the step's ranges otherwise), the
 exception's class and first line, and the input row itself as JSON. ``--json`` prints one JSON
 object per line instead (every column, the parsed inputs included), for scripts.
+
+``cues errors replay GRAPH --processor P [--where COND] [--dry-run]`` feeds the chosen error rows
+of P back to it after the fix, exactly once (``processing/replay.py``): a row is replayed at most
+once whatever the number of replays; rows that fail again become new error rows.
 ``cues_platform/cli/root.py`` adds this group to ``cues``.
 """
 
@@ -92,6 +96,49 @@ def _rows(table: pa.Table, *, processor: str | None, count: int) -> list[dict]:
     rows = [r for r in table.to_pylist() if processor is None or r["processor"] == processor]
     rows.sort(key=lambda r: (r[PARTITION], r[OFFSET]))
     return rows[-count:] if count else rows
+
+
+@errors_group.command("replay")
+@click.argument("graph_ref", metavar="GRAPH")
+@click.option("--processor", "processor", required=True,
+              help="The processor (as declared: every lane of it) whose error rows to replay.")
+@click.option("--where", "where", default=None, metavar="COND",
+              help="Only error rows matching this Spark SQL condition over the error queue's "
+                   "columns, e.g. \"exception_type LIKE '%ValueError'\" or 'step >= 12'.")
+@click.option("--dry-run", is_flag=True, help="Say what would be replayed; change nothing.")
+@lake_option
+def errors_replay(graph_ref: str, processor: str, where: str | None, dry_run: bool, lake_root: str) -> None:
+    """Feed the error rows of PROCESSOR back to it (after fixing its code or data), exactly once.
+
+    Each chosen row becomes one step of the processor's lane that reads the row's input again:
+    its outputs are delivered once, a row failing again becomes a new error row, a row replayed
+    before is skipped. The lane is fenced: an instance of it running elsewhere stops at its next
+    commit (restart it after). Exit 2 after the others were replayed when some chosen rows could
+    not be read again (removed by retention, or the processor no longer reads their partition)."""
+    from rich.progress import Progress
+
+    from cues_platform.processing.loader import load_graph
+    from cues_platform.processing.replay import ReplayIncompleteError, replay_errors
+    from cues_platform.queues import Lake
+    from cues_platform.spark import get_spark
+
+    graph, lake = load_graph(graph_ref), Lake(root=lake_root)
+    with Progress(transient=True, console=_stderr()) as bar:
+        task = bar.add_task(f"replaying {processor}", total=None)
+        report = replay_errors(graph=graph, processor=processor, lake=lake, spark=get_spark(),
+                               where=where, dry_run=dry_run,
+                               progress=lambda done, total: bar.update(task, completed=done, total=total))
+    click.echo(report.summary())
+    if report.unavailable:
+        raise ReplayIncompleteError(
+            f"{len(report.unavailable)} chosen error row(s) of {processor!r} were not replayed: "
+            + "; ".join(report.unavailable[:5]), processor=processor, rows=len(report.unavailable))
+
+
+def _stderr():  # noqa: ANN202 - a rich Console
+    from rich.console import Console
+
+    return Console(stderr=True)
 
 
 __all__ = ["errors_group", "headline", "inputs_in_words"]

@@ -68,6 +68,11 @@ class ReplayRefusedError(ProcessingError):
     ``processor``, ``reason``. Retrying does not help."""
 
 
+class ReplayIncompleteError(ProcessingError):
+    """Some chosen error rows could not be read again (the report's ``unavailable``): the others
+    were replayed. ``processor``, ``rows``. Retrying does not help: the inputs are gone."""
+
+
 class ReplaySelectionError(ProcessingError):
     """``--where`` is not an expression over the error queue's columns; ``where``."""
 
@@ -269,5 +274,5 @@ def _replay_step(stepper: ExactlyOnceStepper, chosen: Chosen, error_queue: str) 
     return stepper.complete(snapshot, stepper.run_and_prepare(snapshot))
 
 
-__all__ = ["Chosen", "ReplayRefusedError", "ReplayReport", "ReplaySelectionError", "replay_errors",
+__all__ = ["Chosen", "ReplayIncompleteError", "ReplayRefusedError", "ReplayReport", "ReplaySelectionError", "replay_errors",
            "replayable", "replayed_refs", "select"]

@@ -84,3 +84,64 @@ def test_errors_list_refuses_what_is_not_an_error_queue_in_one_line(lake) -> Non
     assert missing.exit_code == 2 and "nope" in missing.output and "Traceback" not in missing.output
     negative = cli.invoke(main, ["errors", "list", "plain", "-n", "-1", "--lake", lake.root])
     assert negative.exit_code == 2 and "-n -1" in negative.output
+
+
+GRAPH_FILE = '''
+import json
+from pathlib import Path
+
+from cues_platform.processing import ERROR_SCHEMA, Graph, In, Kind, Out, Processor, QueueDef
+from tests.support import PAYLOAD
+
+POISON = Path(__file__).with_name("poison.json")
+
+
+def clean(ctx, src):
+    ids = set(src.select("id").toArrow()["id"].to_pylist())
+    bad = ids & set(json.loads(POISON.read_text()))
+    if bad:
+        raise ValueError(f"poison ids {sorted(bad)}")
+    return src
+
+
+graph = Graph.build(name="g", queues=[QueueDef("a", PAYLOAD), QueueDef("b", PAYLOAD),
+                                      QueueDef("errors", ERROR_SCHEMA)],
+                    processors=[Processor("clean", Kind.MAP, clean, {"src": In("a", "0")},
+                                          {"out": Out("b", "0")})],
+                    error_queue="errors")
+'''
+
+
+def test_errors_replay_after_the_fix_delivers_the_rows_once_and_again_does_nothing(spark, lake, tmp_path) -> None:
+    from cues_platform.processing.loader import load_graph
+
+    (tmp_path / "poison.json").write_text("[3, 7]")
+    (tmp_path / "graph_file.py").write_text(GRAPH_FILE)
+    ref = f"{tmp_path / 'graph_file.py'}:graph"
+    graph = load_graph(ref)
+    GraphRunner(graph=graph, lake=lake, spark=spark)
+    lake.queue("a").append(rows(0, 20), partition="0")
+    GraphRunner(graph=graph, lake=lake, spark=spark).run_until_idle()
+    assert sorted(lake.queue("b").read_arrow(partition="0")["id"].to_pylist()) == [
+        i for i in range(20) if i not in (3, 7)]
+
+    cli = CliRunner()
+    (tmp_path / "poison.json").write_text("[]")  # the fix
+    dry = cli.invoke(main, ["errors", "replay", ref, "--processor", "clean", "--dry-run", "--lake", lake.root])
+    assert dry.exit_code == 0, dry.output
+    assert "2 error row(s) of 'errors' selected, would replay 2" in dry.output
+    done = cli.invoke(main, ["errors", "replay", ref, "--processor", "clean", "--where", "payload LIKE '%\"id\": 3,%'",
+                             "--lake", lake.root])
+    assert done.exit_code == 0, done.output
+    assert "1 error row(s) of 'errors' selected, replayed 1, 1 delivered, 0 failed again (new error rows)" \
+        in done.output
+    rest = cli.invoke(main, ["errors", "replay", ref, "--processor", "clean", "--lake", lake.root])
+    assert "2 error row(s) of 'errors' selected, replayed 1, 1 delivered, 0 failed again (new error rows), " \
+        "1 replayed before (skipped)" in rest.output, rest.output
+    again = cli.invoke(main, ["errors", "replay", ref, "--processor", "clean", "--lake", lake.root])
+    assert "replayed 0, 0 delivered, 0 failed again (new error rows), 2 replayed before (skipped)" \
+        in again.output
+    assert sorted(lake.queue("b").read_arrow(partition="0")["id"].to_pylist()) == list(range(20))
+    bad = cli.invoke(main, ["errors", "replay", ref, "--processor", "clean", "--where", "nope = 1",
+                            "--lake", lake.root])
+    assert bad.exit_code == 2 and "--where 'nope = 1' is not a Spark SQL condition" in bad.output
