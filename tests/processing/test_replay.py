@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +34,8 @@ from cues_platform.processing.replay import (
 )
 from cues_platform.queues import Lake
 from tests.support import PAYLOAD, rows
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Poison(ValueError):
@@ -197,3 +204,37 @@ def test_processors_whose_replay_could_repeat_effects_are_refused(lake, kind, st
     with pytest.raises(ReplayRefusedError, match=reason) as info:
         replay_errors(graph=graph, processor="p", lake=lake, spark=None)
     assert info.value.processor == "p" and not info.value.retryable
+
+
+KILL_CHILD = """
+import os, signal, sys
+from cues_platform.processing.replay import replay_errors
+from cues_platform.queues import Lake
+from cues_platform.spark import get_spark
+from tests.processing.test_replay import _graph
+
+def hook(point):
+    if point == sys.argv[2]:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+replay_errors(graph=_graph(set()), processor="p", lake=Lake(root=sys.argv[1]), spark=get_spark(), hook=hook)
+print("NOT KILLED", flush=True)
+"""
+
+
+@pytest.mark.parametrize("point, logged", [("after_prepare", False), ("after_attempt", True)])
+def test_a_replay_killed_with_sigkill_is_finished_by_the_next_replay_once(spark, lake, point, logged) -> None:
+    """A real process replaying the fixed function is SIGKILLed before / after its replay step's
+    attempt record: the next replay delivers the row (not logged) or rolls the logged step
+    forward and skips the row (logged); either way the row is in ``b`` once."""
+    graph = _failed_run(spark, lake, {13, 57})
+    child = subprocess.run([sys.executable, "-c", KILL_CHILD, lake.root, point], cwd=ROOT,
+                           capture_output=True, text=True, timeout=600,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert child.returncode == -signal.SIGKILL, child.stdout + child.stderr[-3000:]
+    assert (ErrorRef("errors", "0", 0) in replayed_refs(BackingQueue(lake, "p"))) is logged
+    fixed = _graph(set())
+    again = replay_errors(graph=fixed, processor="p", lake=lake, spark=spark)
+    assert (again.already_replayed, again.replayed) == ((1, 1) if logged else (0, 2))
+    assert _ids(lake) == list(range(100))
+    assert (graph.processors["p"].id, len(_errors(lake))) == ("p", 2)
