@@ -238,3 +238,18 @@ def test_a_replay_killed_with_sigkill_is_finished_by_the_next_replay_once(spark,
     assert (again.already_replayed, again.replayed) == ((1, 1) if logged else (0, 2))
     assert _ids(lake) == list(range(100))
     assert (graph.processors["p"].id, len(_errors(lake))) == ("p", 2)
+
+
+def test_contract_breaks_are_counted_and_never_replayed(spark, lake) -> None:
+    from tests.processing.test_contracts import graph as contract_graph
+    from tests.processing.test_contracts import load as load_payments
+
+    graph = contract_graph()
+    GraphRunner(graph=graph, lake=lake, spark=spark)
+    load_payments(lake)
+    GraphRunner(graph=graph, lake=lake, spark=spark).run_until_idle()
+    before = sorted(lake.queue("checked").read_arrow(partition="0")["id"].to_pylist())
+    report = replay_errors(graph=graph, processor="check", lake=lake, spark=spark)
+    assert (report.selected, report.refused_contract, report.replayed) == (3, 3, 0)
+    assert "3 contract break(s) not replayable" in report.summary()
+    assert sorted(lake.queue("checked").read_arrow(partition="0")["id"].to_pylist()) == before
