@@ -1,10 +1,10 @@
-"""The audit: steps 1-6 of the package docstring over one lake, in reading order."""
+"""The audit: steps 1-7 of the package docstring over one lake, in reading order."""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from cues_platform.audit.attribution import attribution_checks
 from cues_platform.audit.backing import (
@@ -25,6 +25,13 @@ from cues_platform.audit.discovery import (
 )
 from cues_platform.audit.errors import AuditError
 from cues_platform.audit.failures import platform_error_checks
+from cues_platform.audit.isolated import (
+    Replays,
+    error_row_checks,
+    error_row_counts,
+    read_error_queues,
+    replay_checks,
+)
 from cues_platform.audit.once import count_checks, delivered_steps, transaction_checks
 from cues_platform.audit.positions import position_checks, stored_positions
 from cues_platform.audit.report import (
@@ -120,11 +127,12 @@ def audit(lake: Lake, *, graph: Graph | None = None) -> AuditReport:
     summaries = _coverage(h.steps, delivered, pendings, backings, ends, found)
     _position_checks(lake, delivered, queues, backings, starts, h.truncated, found)
     _platform_error_checks(queues, found)
+    replays = _error_rows_and_replays(queues, unreadable, h, summaries, found)
     if graph is not None:
         found.notes += graph_notes(graph, backings)
     return _report(lake, found, summaries=summaries, eo_queues=h.eo_queues, rows=rows,
                    all_queues=set(queues) | unreadable, starts=starts, backings=backings,
-                   delivered=delivered, retained=retained)
+                   delivered=delivered, retained=retained, replays=replays)
 
 
 def _open_backing_queues(lake: Lake, found: _Findings) -> dict[str, Queue]:
@@ -376,10 +384,33 @@ def _platform_error_checks(queues: Mapping[str, Queue], found: _Findings) -> Non
             found.unreadable(exc, table=name, uri=q.uri)
 
 
+def _error_rows_and_replays(queues: Mapping[str, Queue], unreadable: set[str], h: _Histories,
+                            summaries: dict[str, ProcessorSummary], found: _Findings) -> Replays:
+    """Step 7: every attributed error row names its step and inputs right, once; every replay
+    step replays one existing error row of its lane, once. Counts each processor's error rows
+    (replayed / pending) into its summary."""
+    errors = read_error_queues(queues, unreadable)
+    for name, uri, exc in errors.failures:  # a queue that opened but whose rows cannot be read now
+        found.unreadable(exc, table=name, uri=uri)
+    found.violations += error_row_checks(h.known, errors)
+    replays = replay_checks(h.steps, errors)
+    found.violations += replays.violations
+    for pid, (n, replayed) in error_row_counts(h.known, errors, replays).items():
+        if pid in summaries:
+            summaries[pid] = replace(summaries[pid], error_rows=n, error_rows_replayed=replayed)
+    if replays.retained:
+        found.notes.append(
+            f"{replays.retained} replay step(s) re-fed error rows that retention has since removed "
+            "from their error queue: they exist (below the start offset) but their inputs and "
+            "processor could not be compared")
+    return replays
+
+
 def _report(lake: Lake, found: _Findings, *, summaries: Mapping[str, ProcessorSummary],
             eo_queues: set[str], rows: Mapping[str, QueueRows], all_queues: set[str],
             starts: Mapping[tuple[str, str], int], backings: Mapping[str, Backing],
-            delivered: Mapping[str, list[Record]], retained: Retained) -> AuditReport:
+            delivered: Mapping[str, list[Record]], retained: Retained,
+            replays: Replays | None = None) -> AuditReport:
     retained_below: dict[str, dict[str, int]] = {}
     for (name, part), start in sorted(starts.items()):
         if start > 0:
@@ -402,6 +433,7 @@ def _report(lake: Lake, found: _Findings, *, summaries: Mapping[str, ProcessorSu
             "input_ranges_below_start": below_start,
             "output_steps_committed": len(retained.proven),
             "output_steps_by_order": len(retained.by_order),
+            "replays_of_retained_rows": replays.retained if replays is not None else 0,
         },
     )
 

@@ -35,6 +35,10 @@ R4. Stored positions: the home queue's ``pos:{p}:{q}/{part}`` app transaction eq
     position). Anything else is a position
     applied to a partition it was not read from, or moved ([position]).
 
+A replay step (``Snapshot.replay``: ``processing/replay.py``) re-reads the ranges of one error row
+on purpose and moves no position: its snapshot takes no part in R1-R4 (:func:`continuity`), and
+:mod:`.isolated` proves it replays exactly one error row's ranges, once.
+
 What the lake cannot show: two lanes that each read a partition from offset 0 where no binding is
 every-partition look exactly like a side input read by both; the deployments registry refuses
 such a change before any step. Positions stored under a binding name (lakes before positions were
@@ -142,6 +146,11 @@ def exclusive_owners(delivered: Mapping[str, list[Record]]) -> dict[Key, str]:
 Stored = Mapping[tuple[str, str, str], tuple[int, int | None]]
 
 
+def continuity(delivered: Mapping[str, list[Record]]) -> dict[str, list[Record]]:
+    """The delivered steps that read new ranges: all but replay steps (module docstring)."""
+    return {pid: [r for r in recs if r.snapshot.replay is None] for pid, recs in delivered.items()}
+
+
 def position_checks(delivered: Mapping[str, list[Record]], stored: Stored,
                     starts: Mapping[Key, int] | None = None,
                     truncated: frozenset[str] = frozenset()) -> list[Violation]:
@@ -151,6 +160,7 @@ def position_checks(delivered: Mapping[str, list[Record]], stored: Stored,
     processors whose first steps were retained away from their backing queue (their first reads
     are not their first: R2 is not checked for them)."""
     starts = starts or {}
+    delivered = continuity(delivered)
     bad: list[Violation] = []
     chains: dict[str, dict[Key, Chain]] = {}
     for pid, recs in sorted(delivered.items()):
@@ -295,7 +305,7 @@ def stored_positions(delivered: Mapping[str, list[Record]], queues: Mapping[str,
     step), for every (queue, partition) its family read, looked up in every queue that holds the
     processor's ``epoch:`` or ``proc:`` app transaction (its home). ``queues``: name -> Queue."""
     keys_of_family: dict[str, set[Key]] = defaultdict(set)
-    for pid, recs in delivered.items():
+    for pid, recs in continuity(delivered).items():
         for rec in recs:
             for r in rec.snapshot.inputs.values():
                 keys_of_family[family_of(pid)].add((r.queue, r.partition))

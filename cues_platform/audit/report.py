@@ -31,11 +31,19 @@ MISSING_QUEUE = "missing_queue"
 OUTSIDE_LAKE = "outside_lake"  # step 4/5: a record or a commit names a file outside its place
 ROWS_WITHOUT_INPUT = "rows_without_input"  # step 3: a step that read nothing produced rows
 PLATFORM_ERROR = "platform_error"  # step 6
+ERROR_ROW_STEP = "error_row_step"  # step 7: an error row's processor/step are not its hash's step
+ERROR_ROW_INPUTS = "error_row_inputs"  # neither the step's ranges nor one offset of them
+ERROR_ROW_TWICE = "error_row_twice"  # an input row in two error rows of a step
+REPLAY_MISSING = "replay_missing"  # a replay step names an error row that is not there
+REPLAY_UNVERIFIABLE = "replay_unverifiable"  # ... one that cannot be read (not retention)
+REPLAY_MISMATCH = "replay_mismatch"  # ... one of another lane, other inputs, a contract break
+REPLAYED_TWICE = "replayed_twice"  # an error row replayed by two attempts
 KINDS = (
     UNREADABLE, CORRUPT_LOG, OUTSIDE_LAKE, GAP, OVERLAP, BEYOND_END, POSITION, UNKNOWN_HASH,
     UNEXPECTED_OUTPUT, NO_DELIVERY_HASH, DELIVERED_TWICE, ROW_COUNT_MISMATCH, ROWS_WITHOUT_INPUT,
     NOT_CONTIGUOUS, UNDELIVERED, APP_TRANSACTION, STEP_SEQUENCE, MALFORMED_RECORD, ALTS_NOT_EMPTY,
-    MISSING_QUEUE, PLATFORM_ERROR,
+    MISSING_QUEUE, PLATFORM_ERROR, ERROR_ROW_STEP, ERROR_ROW_INPUTS, ERROR_ROW_TWICE,
+    REPLAY_MISSING, REPLAY_UNVERIFIABLE, REPLAY_MISMATCH, REPLAYED_TWICE,
 )  # fmt: skip
 
 
@@ -103,10 +111,17 @@ class ProcessorSummary:
     pending: str | None  # what recovery will finish, in words; None when nothing is pending
     pending_step: int | None
     inputs: tuple[InputLag, ...]
+    error_rows: int = 0  # rows with its steps' hashes in error queues (step 7)
+    error_rows_replayed: int = 0  # ... of which a replay step of it re-fed
 
     @property
     def lag(self) -> int:
         return sum(i.lag for i in self.inputs)
+
+    @property
+    def error_rows_pending(self) -> int:
+        """Error rows no replay step re-fed yet (what ``cues errors replay`` would choose)."""
+        return self.error_rows - self.error_rows_replayed
 
     def to_text(self) -> str:
         outcomes = ", ".join(f"{self.outcomes.get(k, 0)} {k}" for k in ("output", "error", "nil"))
@@ -116,6 +131,9 @@ class ProcessorSummary:
             f"{last}, epoch {self.epoch}, {self.records} backing record(s)"
         ]
         lines.append(f"    pending: {self.pending or 'none'}")
+        if self.error_rows:
+            lines.append(f"    error rows: {self.error_rows} ({self.error_rows_replayed} replayed, "
+                         f"{self.error_rows_pending} pending)")
         for i in self.inputs:
             lines.append(
                 f"    input {i.binding} = {i.queue}/{i.partition}: delivered [0, {i.delivered_end}) "
@@ -135,6 +153,9 @@ class ProcessorSummary:
             "pending": self.pending,
             "pending_step": self.pending_step,
             "lag": self.lag,
+            "error_rows": self.error_rows,
+            "error_rows_replayed": self.error_rows_replayed,
+            "error_rows_pending": self.error_rows_pending,
             "inputs": [{**asdict(i), "lag": i.lag} for i in self.inputs],
         }
 
@@ -154,7 +175,8 @@ class AuditReport:
     # input_ranges_below_start (delivered steps' input ranges reaching below the start: their
     # offsets are checked, their rows are gone), output_steps_committed (steps whose output rows
     # are below the start, their commit proven by its record or app transaction),
-    # output_steps_by_order (the same, checked by step order and row count only)
+    # output_steps_by_order (the same, checked by step order and row count only),
+    # replays_of_retained_rows (replay steps whose error row is below the error queue's start)
     retained_steps: Mapping[str, int] = field(default_factory=dict)
 
     @property
@@ -193,6 +215,9 @@ class AuditReport:
                 "are gone (commit proven), "
                 f"{self.retained_steps.get('output_steps_by_order', 0)} (by step order and row "
                 "count only)"
+                + (f", {self.retained_steps['replays_of_retained_rows']} replay step(s) of error "
+                   "rows retained away (their inputs not compared)"
+                   if self.retained_steps.get("replays_of_retained_rows") else "")
             )
         for note in self.notes:
             lines.append(f"note: {note}")
