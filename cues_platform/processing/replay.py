@@ -53,6 +53,7 @@ from cues_platform.processing.backing import (
     Snapshot,
     open_backing,
 )
+from cues_platform.processing.deployments import check
 from cues_platform.processing.errors import ProcessingError
 from cues_platform.processing.failures import CONTRACT_EXCEPTION_TYPE
 from cues_platform.processing.graph import Graph
@@ -223,6 +224,8 @@ def replay_errors(*, graph: Graph, processor: str, lake: Lake, spark: Any, where
     report = ReplayReport(processor, error_queue, dry_run=dry_run)
     if not lake.has_queue(error_queue):
         return report
+    # a graph `cues run` would refuse is refused here too, before any step (deployments.py)
+    check(current, lake, only=[p.id for p in current.processors.values() if (p.family or p.id) == processor])
     backing_of = backing_of or open_backing(lake)
     # Step 1
     chosen, report.refused_contract = select(graph=current, family=processor, lake=lake, spark=spark,

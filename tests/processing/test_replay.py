@@ -24,7 +24,7 @@ from cues_platform.processing import (
     Strategy,
 )
 from cues_platform.processing.backing import BackingQueue, ErrorRef
-from cues_platform.processing.errors import ProcessorFencedError
+from cues_platform.processing.errors import ProcessorFencedError, RedeployError
 from cues_platform.processing.history import processor_history
 from cues_platform.processing.replay import (
     ReplayRefusedError,
@@ -253,3 +253,47 @@ def test_contract_breaks_are_counted_and_never_replayed(spark, lake) -> None:
     assert (report.selected, report.refused_contract, report.replayed) == (3, 3, 0)
     assert "3 contract break(s) not replayable" in report.summary()
     assert sorted(lake.queue("checked").read_arrow(partition="0")["id"].to_pylist()) == before
+
+
+def test_a_graph_that_cues_run_would_refuse_is_refused_before_any_replay_step(spark, lake) -> None:
+    poison = {13}
+    graph = _failed_run(spark, lake, poison)
+    poison.clear()
+    queues = [*graph.queues.values(), QueueDef("c", PAYLOAD)]
+    rehomed = Graph.build(name="replay", queues=queues, error_queue="errors",
+                          processors=[Processor("p", Kind.MAP, graph.processors["p"].fn,
+                                                {"src": In("a", "0")}, {"out": Out("c", "0")})])
+    steps = len(processor_history(lake, "p"))
+    with pytest.raises(RedeployError, match="its first output is now .c."):
+        replay_errors(graph=rehomed, processor="p", lake=lake, spark=spark)
+    assert len(processor_history(lake, "p")) == steps  # no fence, no step
+
+
+def test_each_lane_replays_its_own_rows(spark, lake) -> None:
+    """``p`` over every partition of ``a`` runs one lane per partition; each error row is
+    replayed by the lane that failed on it, in that lane's step sequence."""
+    poison = {3, 105}
+
+    def fn(ctx, src):
+        ids = set(src.select("id").toArrow()["id"].to_pylist())
+        if ids & poison:
+            raise Poison(f"poison ids {sorted(ids & poison)}")
+        return src
+
+    queues = [QueueDef("a", PAYLOAD, partitions=("0", "1")), QueueDef("b", PAYLOAD, partitions=("0", "1")),
+              QueueDef("errors", ERROR_SCHEMA)]
+    graph = Graph.build(name="lanes", queues=queues, error_queue="errors",
+                        processors=[Processor("p", Kind.MAP, fn, {"src": In("a")}, {"out": Out("b")})])
+    GraphRunner(graph=graph, lake=lake, spark=spark)
+    lake.queue("a").append(rows(0, 50), partition="0")
+    lake.queue("a").append(rows(100, 50), partition="1")
+    GraphRunner(graph=graph, lake=lake, spark=spark).run_until_idle()
+    assert sorted(e["processor"] for e in _errors(lake)) == ["p", "p.1"]
+    poison.clear()
+    report = replay_errors(graph=graph, processor="p", lake=lake, spark=spark)
+    assert report.replayed == 2 and {s.step for s in report.steps} == {1}
+    for part, first in (("0", 0), ("1", 100)):
+        ids = sorted(lake.queue("b").read_arrow(partition=part)["id"].to_pylist())
+        assert ids == list(range(first, first + 50))
+    assert [r.snapshot.replay.offset for r in processor_history(lake, "p.1") if r.snapshot.replay] == [
+        next(e["_offset"] for e in _errors(lake) if e["processor"] == "p.1")]
