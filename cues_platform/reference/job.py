@@ -72,7 +72,8 @@ CONTRACT_VIOLATION = "cues_platform.ContractViolation"
 
 def contract_breaks(lake: Lake) -> tuple[list[tuple[str, int]], int]:
     """Postings (subject, offset) that broke the contract of ``instructions`` (rows of ``errors``),
-    and the number of other error rows (failed batches)."""
+    and the number of other error rows (input rows a processor function failed on: isolation
+    gives each its own row; `cues errors replay` feeds them back after a fix)."""
     import json
 
     errors = lake.queue("errors").read_arrow(partition="0", columns=["exception_type", "queue", "payload"])
@@ -283,7 +284,7 @@ def print_summary(s: Summary, console: Any) -> None:
                   ", ".join(f"{k} {v}" for k, v in sorted(rec.malformed.items())))
     table.add_row("contract breaks → errors queue", f"{rec.contract_breaks:,}",
                   "header breaks the contract of instructions")
-    table.add_row("processor errors (failed batches)", str(rec.errors), "")
+    table.add_row("processor errors (failing rows)", str(rec.errors), "cues errors replay" if rec.errors else "")
     table.add_row("ledger (PostgreSQL)", f"{t.entries:,} entries",
                   f"{t.amount:,.2f} EUR in {t.deliveries} deliveries; balances "
                   f"{'sum to the openings' if t.balanced else '[red]DO NOT sum to the openings[/]'}")
