@@ -1,26 +1,28 @@
 """The isolation audit tests' lake: real steps that isolate failing rows, a whole-step failure, and
 replays of error rows (one fixed, one failing again), built once per test session; private copies
-to tamper with.
+to tamper with (the fixtures are in test_isolated.py).
 
-Graph ``iso`` over queue ``a`` (partition 0, ids 0..39, batches of 10), error queue ``errors``:
+Graph ``iso`` over queue ``a`` (partition 0, ids 0..39, batches of 10), error queue ``errors``;
+both processors raise while their input holds a poison id (3, 4, 25, 35):
 
-- ``p`` (map a -> b, ``OnError.ISOLATE``, the default) raises while its input holds a poison id:
-  step 0 [0, 10) isolates ids 3 and 4 (two error rows), step 2 [20, 30) isolates id 25;
-- ``q`` (map a -> c, ``OnError.WHOLE_STEP``) fails its step 3 [30, 40) (id 35) as one error row.
+- ``p`` (map a -> b, ``OnError.ISOLATE``, the default) isolates: step 0 [0, 10) writes error
+  rows for ids 3 and 4, step 2 [20, 30) for id 25, step 3 [30, 40) for id 35, and delivers the rest;
+- ``q`` (map a -> c, ``OnError.WHOLE_STEP``) writes one whole-step error row for each of its steps
+  0, 2 and 3.
 
-Then the user fixes ids 3, 25 and 35 (4 still fails) and replays: ``p`` replays its three rows
-(3 and 25 delivered, 4 fails again: a new error row of the replay step), ``q`` its one row.
+Then the user fixes 3, 25 and 35 (4 still fails) and replays both: ``p``'s replay steps deliver
+3, 25, 35 and fail again on 4 (a new isolated row, pending); ``q``'s deliver [20, 30) and [30, 40)
+and fail again on [0, 10) (a new whole-step row, pending). Error queue by offset: 0 p/0 id 3,
+1 p/0 id 4, 2 q/0 [0, 10), 3 p/2 id 25, 4 q/2 [20, 30), 5 p/3 id 35, 6 q/3 [30, 40), 7 p/5 id 4
+(replay), 8 q/4 [0, 10) (replay); every row but 7 and 8 is replayed.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
-import pytest
 
 from cues_platform.processing import (
     ERROR_SCHEMA,
@@ -83,21 +85,6 @@ def build_isolated_lake(spark: object, root: Path) -> Lake:
     replay_errors(graph=graph, processor="p", lake=lake, spark=spark)
     replay_errors(graph=graph, processor="q", lake=lake, spark=spark)
     return lake
-
-
-@pytest.fixture(scope="session")
-def isolated_lake(spark: object, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The lake of the module docstring (built once per test session)."""
-    base = tmp_path_factory.mktemp("audit_isolated")
-    build_isolated_lake(spark, base / "lake")
-    return base / "lake"
-
-
-@pytest.fixture
-def iso_copy(isolated_lake: Path, tmp_path: Path) -> Iterator[Lake]:
-    """A private copy of the isolated lake, to tamper with."""
-    shutil.copytree(isolated_lake, tmp_path / "lake")
-    yield Lake(root=str(tmp_path / "lake"))
 
 
 def error_rows_of(lake: Lake) -> list[dict]:
