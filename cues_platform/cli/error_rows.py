@@ -20,7 +20,11 @@ import pyarrow as pa
 
 from cues_platform.cli.common import lake_option, open_queue
 from cues_platform.errors import ConfigurationError
+from cues_platform.processing.backing import BackingQueue, ErrorRef
+from cues_platform.processing.discovery import backing_processors
 from cues_platform.processing.outputs import ERROR_SCHEMA
+from cues_platform.processing.replay import replayed_refs
+from cues_platform.queues import Lake
 from cues_platform.queues.schema import OFFSET, PARTITION
 
 NEEDED = ("processor", "step", "inputs", "exception_type", "message", "payload")
@@ -52,10 +56,13 @@ def errors_group() -> None:
 @click.option("--processor", "processor", default=None, help="Only the rows of this processor.")
 @click.option("-n", "count", default=50, show_default=True, help="How many of the newest rows (0: all).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line, every column.")
+@click.option("--pending", is_flag=True, help="Only rows not replayed yet (`cues errors replay`).")
 @lake_option
-def errors_list(queue: str, processor: str | None, count: int, as_json: bool, lake_root: str) -> None:
+def errors_list(queue: str, processor: str | None, count: int, as_json: bool, pending: bool,
+                lake_root: str) -> None:
     """The newest error rows of QUEUE (default ``errors``): processor, step, the input row it
-    failed on, the exception and the row itself."""
+    failed on, the exception and the row itself; ``[replayed]`` after a row a replay step fed
+    back to its processor (the lane's replay log)."""
     if count < 0:
         raise ConfigurationError(f"-n {count}: give how many rows to show (0: all)", count=count)
     q = open_queue(lake_root, queue)
@@ -65,20 +72,33 @@ def errors_list(queue: str, processor: str | None, count: int, as_json: bool, la
             f"queue {queue!r} is not an error queue (it has no {', '.join(missing)} column); "
             "name the queue your graph's error_queue writes (default: errors)", queue=queue)
     tables = [q.read_arrow(partition=part) for part in q.partitions]
-    rows = _rows(pa.concat_tables(tables) if tables else ERROR_SCHEMA.empty_table(), processor=processor,
-                 count=count)
+    every = _rows(pa.concat_tables(tables) if tables else ERROR_SCHEMA.empty_table(), processor=processor,
+                  count=0)
+    done = _replayed(q.lake, {r["processor"] for r in every})
+    for row in every:
+        row["replayed"] = ErrorRef(queue, row[PARTITION], row[OFFSET]) in done
+    rows = [r for r in every if not (pending and r["replayed"])]
+    rows = rows[-count:] if count else rows
     if as_json:
         for row in rows:
             row["inputs"] = json.loads(row["inputs"])
             click.echo(json.dumps(row, default=str, sort_keys=True))
         return
     if not rows:
-        click.echo(f"{queue}: no error rows" + (f" of processor {processor!r}" if processor else ""))
+        click.echo(f"{queue}: no {'pending ' if pending else ''}error rows"
+                   + (f" of processor {processor!r}" if processor else ""))
         return
     for row in rows:  # one line per row: greppable, never wrapped
         click.echo(f"{queue}/{row[PARTITION]}@{row[OFFSET]}  {row['processor']} step {row['step']}  "
                    f"failed on {inputs_in_words(row['inputs'])}  "
-                   f"{headline(row['exception_type'], row['message'])}  row {row['payload'] or '-'}")
+                   f"{headline(row['exception_type'], row['message'])}  row {row['payload'] or '-'}"
+                   + ("  [replayed]" if row["replayed"] else ""))
+
+
+def _replayed(lake: Lake, lanes: set[str]) -> set[ErrorRef]:
+    """The replay logs of ``lanes`` that have a backing queue (read only: none is created)."""
+    return {ref for lane in backing_processors(lake) if lane in lanes
+            for ref in replayed_refs(BackingQueue(lake, lane))}
 
 
 def headline(exception_type: str, message: str | None) -> str:

@@ -135,6 +135,10 @@ def test_errors_replay_after_the_fix_delivers_the_rows_once_and_again_does_nothi
     assert done.exit_code == 0, done.output
     assert "1 error row(s) of 'errors' selected, replayed 1, 1 delivered, 0 failed again (new error rows)" \
         in done.output
+    listed = cli.invoke(main, ["errors", "list", "--lake", lake.root]).output.splitlines()
+    assert [line.endswith("[replayed]") for line in listed] == [True, False]
+    pending = cli.invoke(main, ["errors", "list", "--pending", "--lake", lake.root]).output.splitlines()
+    assert len(pending) == 1 and pending[0].startswith("errors/0@1  clean step 0  failed on a/0@7")
     rest = cli.invoke(main, ["errors", "replay", ref, "--processor", "clean", "--lake", lake.root])
     assert "2 error row(s) of 'errors' selected, replayed 1, 1 delivered, 0 failed again (new error rows), " \
         "1 replayed before (skipped)" in rest.output, rest.output
@@ -142,6 +146,8 @@ def test_errors_replay_after_the_fix_delivers_the_rows_once_and_again_does_nothi
     assert "replayed 0, 0 delivered, 0 failed again (new error rows), 2 replayed before (skipped)" \
         in again.output
     assert sorted(lake.queue("b").read_arrow(partition="0")["id"].to_pylist()) == list(range(20))
+    none = cli.invoke(main, ["errors", "list", "--pending", "--lake", lake.root])
+    assert none.output.strip() == "errors: no pending error rows"
     bad = cli.invoke(main, ["errors", "replay", ref, "--processor", "clean", "--where", "nope = 1",
                             "--lake", lake.root])
     assert bad.exit_code == 2 and "--where 'nope = 1' is not a Spark SQL condition" in bad.output
