@@ -17,33 +17,22 @@ import json
 
 import click
 import pyarrow as pa
+from rich.console import Console
+from rich.progress import Progress
 
 from cues_platform.cli.common import lake_option, open_queue
 from cues_platform.errors import ConfigurationError
 from cues_platform.processing.backing import BackingQueue, ErrorRef
 from cues_platform.processing.discovery import backing_processors
+from cues_platform.processing.error_words import headline, inputs_in_words
+from cues_platform.processing.loader import load_graph
 from cues_platform.processing.outputs import ERROR_SCHEMA
-from cues_platform.processing.replay import replayed_refs
+from cues_platform.processing.replay import ReplayIncompleteError, replay_errors, replayed_refs
 from cues_platform.queues import Lake
 from cues_platform.queues.schema import OFFSET, PARTITION
+from cues_platform.spark import get_spark
 
 NEEDED = ("processor", "step", "inputs", "exception_type", "message", "payload")
-
-
-def inputs_in_words(inputs: str) -> str:
-    """``a/0@13`` for a one-offset range, ``a/0[10, 20)`` for a step's range; bindings joined."""
-    parts = []
-    for queue, partition, start, end in json.loads(inputs).values():
-        if end - start == 1:
-            parts.append(f"{queue}/{partition}@{start}")
-        elif end > start:
-            parts.append(f"{queue}/{partition}[{start}, {end})")
-    return ", ".join(parts) or "-"
-
-
-def _short(text: str | None, width: int) -> str:
-    line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
-    return line if len(line) <= width else line[: width - 1] + "…"
 
 
 @click.group("errors")
@@ -101,17 +90,6 @@ def _replayed(lake: Lake, lanes: set[str]) -> set[ErrorRef]:
             for ref in replayed_refs(BackingQueue(lake, lane))}
 
 
-def headline(exception_type: str, message: str | None) -> str:
-    """``Class: message`` in one line; for a UDF that raised on an executor, the user's own line
-    from the worker's traceback (the message's first line is Spark's)."""
-    short = exception_type.rsplit(".", 1)[-1]
-    lines = (message or "").strip().splitlines()
-    for line in reversed(lines):
-        if f"{short}: " in line:
-            return _short(f"{short}: " + line.split(f"{short}: ", 1)[1], 160)
-    return _short(f"{short}: {lines[0] if lines else ''}", 160)
-
-
 def _rows(table: pa.Table, *, processor: str | None, count: int) -> list[dict]:
     rows = [r for r in table.to_pylist() if processor is None or r["processor"] == processor]
     rows.sort(key=lambda r: (r[PARTITION], r[OFFSET]))
@@ -135,13 +113,6 @@ def errors_replay(graph_ref: str, processor: str, where: str | None, dry_run: bo
     before is skipped. The lane is fenced: an instance of it running elsewhere stops at its next
     commit (restart it after). Exit 2 after the others were replayed when some chosen rows could
     not be read again (removed by retention, or the processor no longer reads their partition)."""
-    from rich.progress import Progress
-
-    from cues_platform.processing.loader import load_graph
-    from cues_platform.processing.replay import ReplayIncompleteError, replay_errors
-    from cues_platform.queues import Lake
-    from cues_platform.spark import get_spark
-
     graph, lake = load_graph(graph_ref), Lake(root=lake_root)
     with Progress(transient=True, console=_stderr()) as bar:
         task = bar.add_task(f"replaying {processor}", total=None)
@@ -155,9 +126,7 @@ def errors_replay(graph_ref: str, processor: str, where: str | None, dry_run: bo
             + "; ".join(report.unavailable[:5]), processor=processor, rows=len(report.unavailable))
 
 
-def _stderr():  # noqa: ANN202 - a rich Console
-    from rich.console import Console
-
+def _stderr() -> Console:
     return Console(stderr=True)
 
 
