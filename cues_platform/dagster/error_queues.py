@@ -22,9 +22,12 @@ memory):
 - ``cues/newest_rows``: a markdown table of the newest rows (processor, step, the input row as
   ``queue/partition@offset``, the exception, the first line of its message, the row as JSON).
 
-Cost: the counts read four narrow columns of every row, ``COUNT_CHUNK`` offsets at a time (memory
-bounded; about 0.5 s per million error rows on the project's machine); the sample reads only the
-newest ``SAMPLE_ROWS`` offsets of each partition (``Queue.next_offset``), never the queue.
+Cost: the counts read four columns of every row (``_offset``, ``processor``, ``exception_type``,
+``payload``: Delta keeps no statistics of these), ``COUNT_CHUNK`` offsets at a time, so memory is
+bounded; measured 1 to 2.5 s per million error rows on the project's shared 2-core machine, nearly
+all of it the queue's reader. With the graph, each lane's replay log is its backing queue's
+``snapshot`` column (``replay.replayed_refs``). The sample reads only the newest ``SAMPLE_ROWS``
+offsets of each partition (``Queue.next_offset``): the files holding them, never the queue.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from dataclasses import replace
 from dagster import AssetKey, DagsterEventType, Definitions, materialize
 
 from cues_platform.dagster.replay_job import build_replay_job, replay_job_name, replay_op_name
-from cues_platform.processing import Graph, In, Kind, Out, Processor
+from cues_platform.processing import Graph, In, Kind, Options, Out, Processor, Strategy
 from cues_platform.processing.runner import create_queues
 from cues_platform.queues import Lake
 from tests.dagster.conftest import assets_of, resources_of
@@ -110,3 +110,21 @@ def test_rows_that_cannot_be_read_again_fail_the_run_with_the_reports_message(
     assert "2 unavailable" in text and "errors/0@0" in text and "redeployed" in text
     assert {k: v.value for k, v in data.user_failure_data.metadata.items()}["cues/unavailable"] == 2
     assert _ids(lake) == [i for i in range(100) if i not in POISON]  # nothing delivered
+
+
+def test_a_processor_replay_refuses_fails_the_run_before_anything(lake, lake_resource, instance) -> None:
+    """An at_least_once processor has no replay log: the run fails with the typed refusal and
+    its message; nothing is read or written."""
+    graph = poison_graph()
+    careless = Graph.build(name=graph.name, queues=list(graph.queues.values()), error_queue="errors",
+                           processors=[replace(graph.processors["p"],
+                                               options=Options(strategy=Strategy.AT_LEAST_ONCE))])
+    create_queues(careless, lake)
+    result = _run(_replay_job(careless, lake_resource, []), careless, instance, processor="p")
+    assert not result.success
+    [failure] = [e for e in result.all_events if e.event_type == DagsterEventType.STEP_FAILURE]
+    error = failure.event_specific_data.error
+    while error.cls_name != "ReplayRefusedError" and error.cause is not None:
+        error = error.cause
+    assert error.cls_name == "ReplayRefusedError" and "at_least_once" in error.message
+    assert lake.queue("b").count() == 0 and lake.queue("errors").count() == 0
