@@ -40,6 +40,16 @@ fine). The checks (violation kinds in brackets), one module each:
 6. Failures (:mod:`.failures`): no error row was written by a platform failure
    ([platform_error]: its ``exception_type`` is Delta's, the file system's, Py4J/Spark's or
    cues_platform's own, so the step's input never reached its outputs).
+7. Error rows and replays (:mod:`.isolated`): every error row a step committed names that step
+   ([error_row_step]) and either the step's ranges or the step's ranges with one binding
+   narrowed to one offset inside it (isolation), readable ([error_row_inputs]), each input row
+   in the step's error rows once ([error_row_twice]); every replay step (``Snapshot.replay``)
+   replays an error row that is there ([replay_missing]; [replay_unverifiable] when it cannot be
+   read; a row retention removed is counted, not failed), of its own lane, with its inputs, not
+   a contract break ([replay_mismatch]), once ([replayed_twice]). Replay steps re-read old ranges
+   on purpose: step 1's positions rules skip them. The summary counts each processor's error
+   rows, replayed and pending. What is NOT proven: that an isolated row's output is absent from
+   the delivered rows (a general map's rows do not carry their source offset).
 
 Retention (:mod:`.retained`): a partition's start offset (``start:{partition}``) says which
 rows were removed on purpose. Every partition holds exactly ``[start, next)`` (step 5, else

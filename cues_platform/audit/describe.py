@@ -87,6 +87,8 @@ def _describe_one(lake: Lake, processor: str, *, last: int | None) -> list[str]:
             or "no inputs"
         )
         alts = f" (alts: {snap.alts})" if snap.alts else ""
+        if snap.replay is not None:
+            alts += f" (replay of error row {snap.replay})"
         kinds = [r for r in recs if r.type is RecordType.SNAPSHOT]
         head = f"step {step}: {'snapshot of' if kinds else 'reads'} {reads}{alts} — hash {snap.delivery_hash[:8]}…"
         parts = []

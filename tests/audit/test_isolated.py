@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,12 +20,20 @@ from cues_platform.audit import audit
 from cues_platform.audit.backing import Known
 from cues_platform.audit.isolated import ErrorQueues, ErrorRow, error_row_checks, replay_checks
 from cues_platform.audit.sequence import Steps
-from cues_platform.processing import Range, Record, RecordType
+from cues_platform.processing import GraphRunner, Range, Record, RecordType
 from cues_platform.processing.backing import ErrorRef, Snapshot
 from cues_platform.processing.failures import CONTRACT_EXCEPTION_TYPE
+from cues_platform.processing.replay import replay_errors
+from cues_platform.processing.runner import create_queues
 from cues_platform.queues import Lake
 from cues_platform.queues.retention import delete_below
-from tests.audit.isolation_lakes import build_isolated_lake, error_rows_of, forge_step, narrowed
+from tests.audit.isolation_lakes import (
+    build_isolated_lake,
+    error_rows_of,
+    forge_step,
+    iso_graph,
+    narrowed,
+)
 from tests.audit.lakes import only
 from tests.support import rows
 
@@ -80,6 +89,51 @@ def test_a_clean_lake_with_isolated_rows_and_replays_passes(isolated_lake: Path)
     delivered = sorted(lake.queue("c").read_arrow(partition="0")["id"].to_pylist())
     start, end = json.loads(errors[Q_PENDING]["inputs"])["src"][2:]
     assert sorted(delivered + list(range(start, end))) == list(range(40))
+
+
+class Crash(BaseException):
+    """A crash at a step protocol point (not an Exception: nothing handles it)."""
+
+
+def _crash_at(point: str, nth: int) -> Callable[[str], None]:
+    seen = {"n": 0}
+
+    def hook(at: str) -> None:
+        if at == point:
+            seen["n"] += 1
+            if seen["n"] == nth:
+                raise Crash(at)
+
+    return hook
+
+
+def test_crashes_during_isolation_and_during_a_replay_leave_an_auditable_lake(spark, tmp_path) -> None:
+    lake = Lake(root=str(tmp_path / "lake"))
+    poison = {3, 4, 25}
+    graph = iso_graph(poison)
+    create_queues(graph, lake)
+    lake.queue("a").append(rows(0, 40), partition="0")
+    with pytest.raises(Crash):  # in the middle of isolating step 0's rows
+        GraphRunner(graph=graph, lake=lake, spark=spark,
+                    hook=_crash_at("after_isolation_call", 3)).run_until_idle()
+    GraphRunner(graph=graph, lake=lake, spark=spark).run_until_idle()  # recovers, isolates again
+    assert audit(lake).ok
+    poison.discard(3)
+    poison.discard(25)
+    with pytest.raises(Crash):  # the replay of errors/0@1 (id 4) logged, not committed
+        replay_errors(graph=graph, processor="p", lake=lake, spark=spark,
+                      hook=_crash_at("after_attempt", 2))
+    report = audit(lake)
+    assert report.ok, report.to_text()  # a logged replay step not committed yet is pending
+    replay_errors(graph=graph, processor="p", lake=lake, spark=spark)  # rolls it forward
+    report = audit(lake)
+    assert report.ok, report.to_text()
+    p = report.processors["p"]
+    assert (p.error_rows, p.error_rows_replayed, p.error_rows_pending) == (4, 3, 1)
+    pending = [json.loads(e["inputs"])["src"][2] for e in error_rows_of(lake)
+               if e["processor"] == "p" and e["step"] >= 4]
+    delivered = lake.queue("b").read_arrow(partition="0")["id"].to_pylist()
+    assert sorted(delivered + pending) == list(range(40)) and pending == [4]
 
 
 def test_only_a_replay_step_may_read_old_ranges_again(iso_copy: Lake) -> None:
