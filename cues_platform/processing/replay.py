@@ -159,7 +159,9 @@ def select(*, graph: Graph, family: str, lake: Lake, spark: Any, where: str | No
     for part in queue.partitions:
         plan = plan_read(queue, partition=part, start=queue.start_offset(part), end=queue.next_offset(part))
         frame = execute_spark(queue, spark, plan)
-        frame = frame.where(frame["processor"].isin(sorted(lanes)))
+        # the family's lanes, those the graph no longer has included (reported, not skipped)
+        frame = frame.where(frame["processor"].isin(sorted(lanes))
+                            | frame["processor"].startswith(f"{family}."))
         if where:
             frame = _where(frame, where)
         for row in frame.select(OFFSET, "processor", "inputs", "exception_type").orderBy(OFFSET).collect():
@@ -167,7 +169,10 @@ def select(*, graph: Graph, family: str, lake: Lake, spark: Any, where: str | No
                 refused += 1
                 continue
             ref = ErrorRef(error_queue, part, int(row[OFFSET]))
-            chosen.append(_ranges(lake, lanes[row["processor"]], ref, row["inputs"]))
+            lane = lanes.get(row["processor"])
+            chosen.append(Chosen(ref, row["processor"], None, f"{ref}: lane {row['processor']!r} is no "
+                                 "longer in the graph (its partition is gone)") if lane is None
+                          else _ranges(lake, lane, ref, row["inputs"]))
     return chosen, refused
 
 
