@@ -41,10 +41,11 @@ import pyarrow.compute as pc
 from dagster import AssetDep, AssetKey, AssetObservation, AssetSpec, MetadataValue
 from deltalake import DeltaTable
 
-from cues_platform.cli.error_rows import headline, inputs_in_words
-from cues_platform.processing.backing import BackingOf, ErrorRef
+from cues_platform.processing.backing import BackingOf, BackingQueue, ErrorRef
+from cues_platform.processing.error_words import headline, inputs_in_words
 from cues_platform.processing.failures import CONTRACT_EXCEPTION_TYPE
 from cues_platform.processing.graph import Graph
+from cues_platform.processing.replay import ReplayRefusedError, replayable, replayed_refs
 from cues_platform.queues import Lake, Queue
 from cues_platform.queues.schema import OFFSET, PARTITION
 
@@ -168,9 +169,6 @@ def replay_log(lake: Lake, graph: Graph, name: str, *,
     partitions added in the lake since the graph was built included). A lane's replay log is
     read only when its backing queue exists (never created here): through ``backing_of`` (the
     ``backing`` resource's) when given."""
-    from cues_platform.processing.backing import BackingQueue
-    from cues_platform.processing.replay import ReplayRefusedError, replayable, replayed_refs
-
     current = graph.with_lake_partitions({q: lake.queue(q).partitions for q in graph.queues
                                           if lake.has_queue(q)})
     done: dict[str, set[int]] = {}
