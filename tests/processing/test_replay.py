@@ -297,3 +297,16 @@ def test_each_lane_replays_its_own_rows(spark, lake) -> None:
         assert ids == list(range(first, first + 50))
     assert [r.snapshot.replay.offset for r in processor_history(lake, "p.1") if r.snapshot.replay] == [
         next(e["_offset"] for e in _errors(lake) if e["processor"] == "p.1")]
+
+
+def test_a_row_whose_input_retention_removed_is_reported_and_the_others_replayed(spark, lake) -> None:
+    from cues_platform.queues.retention import delete_below
+
+    poison = {13, 57}
+    graph = _failed_run(spark, lake, poison)
+    poison.clear()
+    delete_below(lake.queue("a"), {"0": 50})  # the input of the row of 13 is gone, 57's is kept
+    report = replay_errors(graph=graph, processor="p", lake=lake, spark=spark)
+    assert report.replayed == 1 and len(report.unavailable) == 1
+    assert "errors/0@0: a/0 [13, 14) is no longer in the queue (it starts at 50" in report.unavailable[0]
+    assert _ids(lake) == [i for i in range(100) if i != 13]
