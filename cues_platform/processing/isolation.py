@@ -8,11 +8,16 @@ It finds the failing input rows and delivers the rest, in the same step:
 1. The *isolated input* is chosen from the snapshot alone: the chosen input of an alts; else the
    input with the most offsets in this step (the streaming side of a join; declared order breaks
    ties). Every other input is given whole to every call.
-2. The step's range ``[start, end)`` of that input, which failed as a whole, is split in halves;
-   the function runs on each half (the input frame filtered to the half's offsets, the other
-   inputs whole, ``ctx.inputs`` naming the half) and its result is materialized. A half that
-   fails is split again, down to single offsets, halves in offset order. A platform failure in a
-   call stops the step as usual (``PlatformStepError``: nothing delivered).
+2. The step's range ``[start, end)`` of that input, which failed as a whole, is split in halves
+   (``FIRST_SPLIT`` pieces: 2 by default); the function runs on each half (the input frame
+   filtered to the half's offsets, the other inputs whole, ``ctx.inputs`` naming the half) and its
+   result is materialized. A half that fails is split again, down to single offsets. The search
+   goes level by level: the calls of one level run together from up to ``WORKERS`` (4) driver
+   threads (Spark takes jobs from several threads; nothing global is set), and their outcomes are
+   taken in offset order, so what is found does not depend on which call ends first. The user's
+   function may therefore be called from several threads at once during isolation. A platform
+   failure in a call stops the step as usual (``PlatformStepError``: nothing delivered), once
+   the calls in flight have ended.
 3. A row is *failing* only when a call on exactly that one offset failed: never by elimination.
    With the call budget spent (``Options.max_isolation_calls``; by default 32 per halving of
    the step, :func:`call_budget`), the rows of each range still failing get one error
@@ -32,7 +37,10 @@ range exactly once (the halves partition it) and is committed as one step. The s
 step's ``ctx.step`` and ``ctx.delivery_hash``: they are parts of one step, not steps.
 
 Cost: a step with k failing rows of n makes about ``2 k log2(n / k)`` extra calls (each half of a
-failing range is called once), plus one Spark job reading the failing rows' payloads.
+failing range is called once), plus one Spark job reading the failing rows' payloads; in wall
+time about ``log2 n`` levels, each as long as its calls take ``WORKERS`` at a time. No search
+through calls that each say only "this range failed or not" can do with fewer than
+``log2 C(n, k)`` calls (about 178 for 10 rows of 1M): docs/benchmarks.md, isolation.
 
 Not isolated (one error row for the step, as ``OnError.WHOLE_STEP``): a sink (its function makes
 effects; calling it on halves would make the good halves' effects under the step's hash before the
@@ -47,6 +55,7 @@ import json
 import math
 import traceback
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -113,36 +122,104 @@ def isolated_input(processor: Processor, snapshot: Snapshot, *, error_queue: str
     return best if best is not None and snapshot.inputs[best].size else None
 
 
+WORKERS = 4  # calls of one level of the search at once (threads of the driver), at most
+FIRST_SPLIT = 2  # pieces the failing step is first split into (then halves)
+
+
 def isolate(*, binding: str, whole: Range, first: BaseException, call: Call, max_calls: int,
-            after_call: Callable[[], None] = lambda: None) -> Isolation:
+            after_call: Callable[[], None] = lambda: None, workers: int | None = None,
+            first_split: int | None = None) -> Isolation:
     """Steps 2 and 3 for the range ``whole`` of ``binding``, which failed with ``first``. A
-    platform failure of a call propagates (a ``StepFailure`` of origin platform)."""
+    platform failure of a call propagates (a ``StepFailure`` of origin platform), after every
+    call in flight has ended.
+
+    The search goes level by level: every range still failing at one level is split (the step in
+    ``first_split`` pieces, then each range in halves) and all the pieces of the level are called
+    together, ``workers`` at a time (``call`` and the function it calls must accept calls from
+    several threads; ``workers=1``: one after another, on this thread). The results are taken in
+    offset order, whatever the order the calls end in, so what is found (the failing offsets, the
+    outputs and their order, the calls made) follows from the calls' outcomes alone. ``after_call``
+    is called on this thread once per call, in offset order, as soon as that call and the ones
+    before it have ended. The budget is spent level by level, ranges in offset order: a range
+    whose pieces no longer fit is not split, its rows are failing but not isolated."""
+    workers = WORKERS if workers is None else workers
+    width = FIRST_SPLIT if first_split is None else first_split
+    if workers < 1 or width < 2:
+        raise ValueError(f"isolate: workers must be >= 1 and first_split >= 2 (got workers={workers}, "
+                         f"first_split={width}): pass values in those bounds, or None for the defaults")
     found = Isolation(binding)
-    stack: list[tuple[int, int, BaseException]] = [(whole.start, whole.end, first)]
-    while stack:
-        start, end, cause = stack.pop()
-        if end - start == 1:  # a call on exactly this offset failed (or the whole was this one)
-            found.failing.append(Failing(start, cause))
-            continue
-        if found.calls + 2 > max_calls:
-            found.failing += [Failing(o, cause, False, (start, end)) for o in range(start, end)]
-            continue
-        middle = (start + end) // 2
-        failed: list[tuple[int, int, BaseException]] = []
-        for lo, hi in ((start, middle), (middle, end)):
-            found.calls += 1
-            try:
-                outputs = call(lo, hi)
-            except StepFailure as failure:
-                if failure.origin is Origin.PLATFORM:
-                    raise
-                failed.append((lo, hi, failure.cause))
-            else:
-                found.good.append((lo, outputs))
-            after_call()
-        stack += reversed(failed)  # the left half first: offset order
+    level: list[tuple[int, int, BaseException]] = [(whole.start, whole.end, first)]
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cues-isolate") if workers > 1 else None
+    try:
+        while level:
+            pieces: list[tuple[int, int]] = []
+            for start, end, cause in level:  # offset order
+                if end - start == 1:  # a call on exactly this offset failed (or the whole was this one)
+                    found.failing.append(Failing(start, cause))
+                    continue
+                # the first split narrows to what the budget still allows (halves at least)
+                split = _split(start, end, max(2, min(width, max_calls - found.calls)))
+                if found.calls + len(split) > max_calls:
+                    found.failing += [Failing(o, cause, False, (start, end)) for o in range(start, end)]
+                    continue
+                found.calls += len(split)
+                pieces += split
+            level = []
+            for (lo, hi), outcome in zip(pieces, _called(pool, call, pieces, after_call), strict=True):
+                if isinstance(outcome, BaseException):
+                    level.append((lo, hi, outcome))
+                else:
+                    found.good.append((lo, outcome))
+            width = 2
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
     found.failing.sort(key=lambda f: f.offset)
+    found.good.sort(key=lambda g: g[0])
     return found
+
+
+def _split(start: int, end: int, width: int) -> list[tuple[int, int]]:
+    """``[start, end)`` in ``min(width, end - start)`` contiguous pieces, in offset order (halves:
+    the middle is ``(start + end) // 2``, as it always was)."""
+    count = min(width, end - start)
+    bounds = [start + (end - start) * i // count for i in range(count + 1)]
+    if count == 2:
+        bounds[1] = (start + end) // 2
+    return list(zip(bounds, bounds[1:], strict=False))
+
+
+def _called(pool: ThreadPoolExecutor | None, call: Call, pieces: list[tuple[int, int]],
+            after_call: Callable[[], None]) -> list[Outputs | BaseException]:
+    """Each piece's outputs, or the handled exception of its call, in the pieces' order. A
+    platform failure (or any other exception) of the first piece in order that has one is raised,
+    once every call in flight has ended and the calls not yet started are cancelled."""
+
+    def one(lo: int, hi: int) -> Outputs | BaseException:
+        try:
+            return call(lo, hi)
+        except StepFailure as failure:
+            if failure.origin is Origin.PLATFORM:
+                raise
+            return failure.cause
+
+    if pool is None:
+        results = []
+        for lo, hi in pieces:
+            results.append(one(lo, hi))
+            after_call()
+        return results
+    futures = [pool.submit(one, lo, hi) for lo, hi in pieces]
+    try:
+        results = []
+        for future in futures:  # offset order, whatever order they end in
+            results.append(future.result())
+            after_call()
+        return results
+    finally:  # on a raise: nothing left running behind the caller's back
+        for future in futures:
+            future.cancel()
+        wait(futures)
 
 
 def error_rows(snapshot: Snapshot, found: Isolation, payloads: Mapping[int, str],
