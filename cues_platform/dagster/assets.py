@@ -245,7 +245,8 @@ def build_processor_asset(graph: Graph, proc: Processor, *, prefix: Sequence[str
         err = graph.error_queue_of(proc)
         if err and err not in queues:
             context.log_event(observe_error_queue(lake, err, key=queue_key(err, prefix), processor=pid,
-                                                  rows_from_run=meta["cues/rows_to_errors"]))
+                                                  rows_from_run=meta["cues/rows_to_errors"], graph=graph,
+                                                  backing_of=getattr(context.resources, BACKING_KEY).backing))
         if not queues:
             yield MaterializeResult(asset_key=specs[0].key, metadata=meta)
             return

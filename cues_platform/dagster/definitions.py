@@ -37,6 +37,7 @@ from cues_platform.dagster.freshness import (
     without_freshness,
 )
 from cues_platform.dagster.io_manager import CuesIOManager
+from cues_platform.dagster.replay_job import build_replay_job
 from cues_platform.dagster.resources import BackingQueueResource, CuesSparkResource, LakeResource
 from cues_platform.dagster.sensors import TRIGGER_TAG, build_sensors, joined_sources
 from cues_platform.dagster.step_io import STEP_IO_KEY, CuesStepIOManager
@@ -150,6 +151,7 @@ def build_definitions(
         schedules.append(build_schedule(graph, job, schedule_cron, schedule_status(automation)))
     interval = sensor_interval_seconds if sensor_interval_seconds is not None else current().sensor_interval
     checks = build_checks(graph, prefix=prefix)
+    replay = build_replay_job(graph, prefix=prefix, runner_resource_keys=user_keys)
     if freshness is not None:
         checks = [*checks, *build_freshness_checks(graph, prefix=prefix, freshness=freshness)]
     return Definitions(
@@ -159,7 +161,7 @@ def build_definitions(
                               max_recovery_attempts=max_recovery_attempts, default_status=automation,
                               freshness=freshness),
         schedules=schedules,
-        jobs=[job],
+        jobs=[job, *([replay] if replay is not None else [])],
         resources=res,
     )
 

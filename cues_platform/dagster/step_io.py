@@ -323,7 +323,8 @@ class CuesStepIOManager(CuesIOManager):
         if err and err not in {o.queue for o in proc.outputs.values()}:
             context.log_event(observe_error_queue(lake, err, key=queue_key(err, run.target.prefix),
                                                   processor=proc.id,
-                                                  rows_from_run=meta["cues/rows_to_errors"]))
+                                                  rows_from_run=meta["cues/rows_to_errors"], graph=graph,
+                                                  backing_of=self.backing.backing))
 
 
 def _attempt(context: OutputContext) -> int:

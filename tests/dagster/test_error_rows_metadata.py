@@ -83,13 +83,14 @@ def test_a_step_that_isolated_2_rows_of_100_is_observed_row_by_row(lake, lake_re
     assert meta["dagster/row_count"] == 2 and meta["cues/rows_from_this_run"] == 2
     assert meta["cues/by_processor"] == {"p": {poison: 2}}
     assert (meta["cues/isolated_rows"], meta["cues/whole_step_rows"], meta["cues/contract_break_rows"]) == (2, 0, 0)
+    assert (meta["cues/pending_rows"], meta["cues/replayed_rows"], meta["cues/not_replayable_rows"]) == (2, 0, 0)
     table = meta["cues/newest_rows"].splitlines()
-    assert table[0] == "| error row | processor | step | input | exception | message | row |"
+    assert table[0] == "| error row | replayed | processor | step | input | exception | message | row |"
     body = table[2:]
     assert len(body) == 2
     # newest first (one step: the same time, so the higher offset first); each names its input row
-    assert body[0].startswith("| errors/0@1 | p | 0 | a/0@57 | " + poison + " | ")
-    assert body[1].startswith("| errors/0@0 | p | 0 | a/0@13 | " + poison + " | ")
+    assert body[0].startswith("| errors/0@1 | no | p | 0 | a/0@57 | " + poison + " | ")
+    assert body[1].startswith("| errors/0@0 | no | p | 0 | a/0@13 | " + poison + " | ")
     # the user's message (its pipe escaped) and the row itself
     assert "poison ids [57] \\| see the row" in body[0]
     assert body[0].endswith('| {"id": 57, "note": "n57"} |')

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dagster import AssetKey, DagsterEventType, Definitions, materialize
+from dagster import AssetKey, DagsterEventType, materialize
 
-from cues_platform.dagster.replay_job import build_replay_job, replay_job_name, replay_op_name
+from cues_platform.dagster.replay_job import replay_job_name, replay_op_name
 from cues_platform.processing import Graph, In, Kind, Options, Out, Processor, Strategy
 from cues_platform.processing.runner import create_queues
 from cues_platform.queues import Lake
@@ -34,10 +34,9 @@ def _failed_run(lake: Lake, lake_resource, instance, graph: Graph) -> None:
 
 
 def _replay_job(graph: Graph, lake_resource, poison: list[int]):
-    """The job with the deployment's resources, the ``poison`` user resource now ``poison``."""
-    defs = poison_defs(graph, lake_resource, poison)
-    job = build_replay_job(graph, runner_resource_keys=["poison"])
-    return Definitions.merge(defs, Definitions(jobs=[job])).resolve_job_def(replay_job_name(graph))
+    """The job ``build_definitions`` lists, with the deployment's resources, the ``poison`` user
+    resource now ``poison``."""
+    return poison_defs(graph, lake_resource, poison).resolve_job_def(replay_job_name(graph))
 
 
 def _run(job, graph: Graph, instance, **config):
