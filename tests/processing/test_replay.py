@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from cues_platform.audit import audit
 from cues_platform.processing import (
     ERROR_SCHEMA,
     Graph,
@@ -102,6 +103,8 @@ def test_replay_after_the_fix_delivers_each_failed_row_once_and_a_second_replay_
     assert (second.selected, second.replayed, second.already_replayed) == (2, 0, 2)
     assert _ids(lake) == list(range(100))
     assert len(_errors(lake)) == 2  # the error rows stay: the log says they were replayed
+    report = audit(lake)
+    assert not report.violations, report.violations
 
 
 def test_the_lane_goes_on_from_its_own_positions_after_a_replay(spark, lake) -> None:
@@ -164,6 +167,7 @@ def test_a_crash_in_a_replay_step_is_finished_or_forgotten_never_doubled(spark, 
     # recovery rolled a logged replay forward; an unlogged one is replayed now
     assert (again.replayed, again.already_replayed) == ((0, 1) if logged else (1, 0))
     assert _ids(lake) == list(range(100))
+    assert not audit(lake).violations
 
 
 def test_a_replay_fences_a_running_instance_of_the_lane(spark, lake) -> None:
@@ -297,6 +301,7 @@ def test_each_lane_replays_its_own_rows(spark, lake) -> None:
         assert ids == list(range(first, first + 50))
     assert [r.snapshot.replay.offset for r in processor_history(lake, "p.1") if r.snapshot.replay] == [
         next(e["_offset"] for e in _errors(lake) if e["processor"] == "p.1")]
+    assert not audit(lake).violations
 
 
 def test_a_row_whose_input_retention_removed_is_reported_and_the_others_replayed(spark, lake) -> None:
