@@ -15,7 +15,11 @@ one warm-up of each; reported: medians of the backlog time (``run_until_idle``),
 poisoned / clean per mode, the function calls, rows delivered and rows in the error queue, the
 load average of the (shared) machine before and after every run, and, from the sequential mode,
 the time between the starts of consecutive calls (a call's whole cost: the function's plan,
-the Spark job, its Arrow result) for calls on at most 1,000 offsets: the per-call floor. PASS is
+the Spark job, its Arrow result) for calls on at most 1,000 offsets. Every round also times
+calls on ONE offset directly (``floor_run``: one after another and 4 at a time; as step.py makes
+them, and over only the data files holding the offset), and the JSON gives the information
+bound: a call says only "failed or not", so finding K rows among N takes at least
+log2 C(N, K) calls, whatever the search. PASS is
 computed here, for the best mode: delivered = N - K and error rows = K exactly in every mode
 (correctness), and the ratio against the target (<= 1.5x).
 """
@@ -23,11 +27,14 @@ computed here, for the best mode: delivered = N - K and error rows = K exactly i
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import math
 import os
 import shutil
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
@@ -48,6 +55,8 @@ from cues_platform.processing import (  # noqa: E402
     isolation,  # noqa: E402
 )
 from cues_platform.queues import Lake  # noqa: E402
+from cues_platform.queues.reader import execute_spark, plan_read  # noqa: E402
+from cues_platform.queues.schema import OFFSET  # noqa: E402
 from cues_platform.spark import get_spark  # noqa: E402
 
 OUT = Path(__file__).parent / "results" / "isolation.json"
@@ -102,13 +111,60 @@ def one_run(spark, rows: int, poison: list[int], values: list[int], mode: str = 
         GraphRunner(graph=g, lake=lake, spark=spark).run_until_idle()
         seconds = time.perf_counter() - began
         # sequential calls: a call's cost is the time from its start to the next one's start
-        small = [b[0] - a[0] for a, b in zip(calls, calls[1:], strict=False) if a[1] <= SMALL]
+        small = ([b[0] - a[0] for a, b in zip(calls, calls[1:], strict=False) if a[1] <= SMALL]
+                 if MODES[mode][0] == 1 and poison else [])
         return {"seconds": seconds, "calls": len(calls), "delivered": lake.queue("b").count(),
                 "error_rows": lake.queue("errors").count(), "poison": len(poison),
                 "small_call_seconds_median": round(median(small), 4) if small else None,
                 "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
     finally:
         isolation.WORKERS, isolation.FIRST_SPLIT = saved
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def floor_run(spark, rows: int, probes: int = 40) -> dict:
+    """The cost of one isolation call on ONE offset, made as step.py makes it (the step's whole
+    input frame filtered to the offset, the bench's function, ``toArrow``), one after another and
+    4 at a time from threads; and, for comparison, with the frame planned over only the data
+    files holding the offset (``narrowed``: what step.py could do, not what it does). Seconds per
+    call, ``probes`` calls on offsets spread through the backlog."""
+    root = Path(tempfile.mkdtemp(prefix="bench-isolation-floor-"))
+    try:
+        lake = Lake(root=str(root / "lake"))
+        GraphRunner(graph=graph([], []), lake=lake, spark=spark)
+        for start in range(0, rows, CHUNK):
+            n = min(CHUNK, rows - start)
+            lake.queue("a").append(pa.table({"id": pa.array(range(start, start + n), pa.int64()),
+                                             "note": ["x"] * n}, schema=SCHEMA), partition="0")
+        queue = lake.queue("a")
+        plan = plan_read(queue, partition="0", start=0, end=rows)
+        whole = execute_spark(queue, spark, plan)
+        absent = F.col("id").isin([-1, -2])
+
+        def fn(src):  # the bench's function, with no poison value
+            return src.select(F.when(absent, F.raise_error(F.lit("poison row"))).otherwise(F.col("id") * 2)
+                              .cast("long").alias("id"), F.col("note"))
+
+        def filtered(o: int) -> int:
+            return fn(whole.where(f"{OFFSET} >= {o} AND {OFFSET} < {o + 1}")).toArrow().num_rows
+
+        def narrowed(o: int) -> int:
+            files = tuple(f for f in plan.files if f.min_offset <= o <= f.max_offset)
+            return fn(execute_spark(queue, spark, dataclasses.replace(plan, start=o, end=o + 1, files=files))
+                      ).toArrow().num_rows
+
+        offsets = [(i * 7919 * 127) % rows for i in range(probes)]
+        got: dict[str, float] = {"data_files": len(plan.files)}
+        for name, one in (("filtered", filtered), ("narrowed", narrowed)):
+            began = time.perf_counter()
+            assert all(one(o) == 1 for o in offsets)
+            got[f"{name}_sequential"] = round((time.perf_counter() - began) / probes, 4)
+            began = time.perf_counter()
+            with ThreadPoolExecutor(max_workers=4) as pool:
+                assert all(n == 1 for n in pool.map(one, offsets))
+            got[f"{name}_4_threads"] = round((time.perf_counter() - began) / probes, 4)
+        return got
+    finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -135,6 +191,8 @@ def main() -> None:
     for name, run in contenders.items():  # warm up every contender (JIT, Spark's caches)
         print(f"warm-up {name}", flush=True)
         run()
+    floor_run(spark, rows)  # warm-up
+    floors: list[dict] = []
     results: dict[str, list[dict]] = {name: [] for name in contenders}
     order = list(contenders)
     for r in range(rounds):
@@ -143,6 +201,8 @@ def main() -> None:
             got = contenders[name]()
             print(f"round {r} {name}: {got}", flush=True)
             results[name].append(got)
+        floors.append(floor_run(spark, rows))
+        print(f"round {r} floor: {floors[-1]}", flush=True)
     clean = median([g["seconds"] for g in results["clean"]])
     exact = all(g["delivered"] == rows - len(poison) and g["error_rows"] == len(poison)
                 for m in modes for g in results[m])
@@ -168,7 +228,9 @@ def main() -> None:
                            "load_average_1m_median": round(median(loads), 2)},
         "rows": rows, "poison_rows": len(poison), "rounds": rounds,
         "clean_seconds_median": round(clean, 3), "modes": per_mode, "best_mode": best,
-        "runs": results,
+        "one_offset_call_seconds_median": {k: round(median([f[k] for f in floors]), 4) for k in floors[0]},
+        "information_bound_calls": round(math.log2(math.comb(rows, len(poison))), 1),
+        "runs": results, "floor_runs": floors,
         "targets": {"exact_rows_and_errors": {"pass": exact},
                     "ratio_at_most": {"target": TARGET_RATIO, "mode": best, "measured": ratio,
                                       "pass": ratio <= TARGET_RATIO}},
