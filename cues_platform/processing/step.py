@@ -313,7 +313,8 @@ class StepBase:
 
             budget = call_budget(options.max_isolation_calls, whole.size)
             found = isolate(binding=binding, whole=whole, first=cause, call=call, max_calls=budget,
-                            after_call=lambda: self.hook("after_isolation_call"))
+                            after_call=lambda: self.hook("after_isolation_call"),
+                            workers=options.isolation_workers)
             payloads: dict[int, str] = {}
             if found.failing:  # one Spark job: the failing rows themselves, for their error rows
                 offsets = ", ".join(str(f.offset) for f in found.failing)

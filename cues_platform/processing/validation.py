@@ -95,6 +95,9 @@ def validate_graph(graph: GraphShape) -> None:
         if p.options.max_isolation_calls is not None and p.options.max_isolation_calls < 0:
             raise GraphError(f"{where}: max_isolation_calls must be >= 0 (0: a failing step's rows "
                              "each get an error row without splitting)", processor=p.id)
+        if p.options.isolation_workers < 1:
+            raise GraphError(f"{where}: isolation_workers must be >= 1 (1: isolation's calls one at "
+                             "a time)", processor=p.id)
         if p.options.backing_maintenance_every < 0:
             raise GraphError(f"{where}: backing_maintenance_every must be >= 0 (0: never)",
                              processor=p.id)

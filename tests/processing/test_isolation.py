@@ -413,3 +413,40 @@ def test_the_default_budget_is_32_calls_per_halving_of_the_step() -> None:
     assert call_budget(None, 1) == 32 and call_budget(0, 1_000_000) == 0 and call_budget(7, 2) == 7
     need = 2 * 16 * math.ceil(math.log2(1_000_000 / 16))
     assert need <= call_budget(None, 1_000_000)
+
+
+def test_isolation_workers_1_calls_the_function_one_at_a_time_and_finds_the_same_rows(spark, lake) -> None:
+    """``Options(isolation_workers=1)``: for a function that cannot be called from two threads at
+    once; the rows found are those of the default (4 threads)."""
+    import threading
+
+    poison = {3, 500, 997}
+    active, most = [0], [0]
+    lock = threading.Lock()
+
+    def fn(ctx, src):
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        try:
+            ids = set(src.select("id").toArrow()["id"].to_pylist())
+            if ids & poison:
+                raise Poison(f"poison ids {sorted(ids & poison)}")
+            return src
+        finally:
+            with lock:
+                active[0] -= 1
+
+    runner = GraphRunner(graph=_graph(fn, isolation_workers=1), lake=lake, spark=spark)
+    lake.queue("a").append(rows(0, 1_000), partition="0")
+    runner.run_until_idle()
+    assert most[0] == 1
+    assert _ids(lake, "b") == [i for i in range(1_000) if i not in poison]
+    assert sorted(json.loads(e["inputs"])["src"][2] for e in _errors(lake)) == sorted(poison)
+
+
+def test_isolation_workers_below_1_is_refused_when_the_graph_is_built() -> None:
+    from cues_platform.processing.errors import GraphError
+
+    with pytest.raises(GraphError, match="isolation_workers must be >= 1"):
+        _graph(lambda ctx, src: src, isolation_workers=0)
