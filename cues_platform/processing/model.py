@@ -140,7 +140,8 @@ class Options:
     backing_maintenance_every: int = 1_000  # steps between backing-queue compactions; 0: never
     # lanes (one per partition of an every-partition input) of a map, join, alts or fork that step
     # at the same time in one runner (threads; Spark runs their jobs side by side); 1: in turn.
-    # bench/bench_lanes.py: 2 lanes in parallel ~2x the throughput of in turn on 2 cores
+    # bench/results/lanes.json (c0d492e; 2 cores, 2,000-row steps): lanes at once 1.16x the
+    # throughput of in turn with 2 lanes, 1.36x with 4 (2.1x / 1.9x on a loaded machine, b114092)
     lane_workers: int = 4
     # a handled error: isolate the failing rows (default) or fail the whole step (processing/isolation.py)
     on_error: OnError = OnError.ISOLATE
