@@ -242,8 +242,9 @@ def replay_errors(*, graph: Graph, processor: str, lake: Lake, spark: Any, where
         if c.inputs is not None:
             by_lane.setdefault(c.lane, []).append(c)
     if dry_run:
-        report.already_replayed = sum(1 for lane, rows in by_lane.items()
-                                      for c in rows if c.ref in replayed_refs(backing_of(lane)))
+        for lane, rows in by_lane.items():  # each lane's log read once, not once per row
+            log = replayed_refs(backing_of(lane))
+            report.already_replayed += sum(1 for c in rows if c.ref in log)
         return report
     todo = sum(len(rows) for rows in by_lane.values())
     done = 0
