@@ -1,5 +1,6 @@
 """Postings protocol end to end: postings/s and posting → result latency with 3 producers × 3
-instances and 2 consumers (one active instance each, Spark), on this machine.
+instances and 2 consumers (one active instance each, reading POSTINGS as Arrow: no Spark), on
+this machine.
 
 Run: ``.venv/bin/python bench/bench_participants.py [--postings 10000] [--paced-postings 3000]
 [--rate 300]`` (writes ``bench/results/participants.json``; see ``docs/benchmarks-postings.md``).
@@ -13,7 +14,9 @@ If an instance process dies, the benchmark stops at once and shows the end of it
 
 Set-up: a lake and an embedded PostgreSQL (one database per participant) in a temporary folder;
 every instance is a real process (``python -m cues_platform.participants.instance``). A warm-up
-round (30 postings per producer) waits until the consumers' Spark sessions run. Two phases:
+round (30 postings per producer) waits until every instance answers. Producers publish
+through ``--slots`` slots each (default 1, the CLI's default: a POSTINGS commit is one writer's turn
+on the table, so more slots add contention, not throughput). Two phases:
 
 * ``burst`` (sustained throughput): ``--postings`` are recorded at once (spread over the three
   producers, receivers alternating); ``postings_per_s`` = postings / (last result time − first
@@ -190,6 +193,7 @@ def main() -> int:
     ap.add_argument("--paced-postings", type=int, default=3_000)
     ap.add_argument("--instances", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=1000)
+    ap.add_argument("--slots", type=int, default=1, help="publishing slots per producer")
     ap.add_argument("--out", default=str(HERE / "results" / "participants.json"))
     ap.add_argument("--baseline", default=str(HERE / "results" / "participants.json"),
                     help="results file to compare with (read before --out is written)")
@@ -218,7 +222,7 @@ def main() -> int:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CUES_PARTICIPANT_BATCH_SIZE": str(args.batch_size),
            "CUES_PARTICIPANT_IDLE_POLL": "0.01", "CUES_PARTICIPANT_CONSUMER_BATCH": "5000",
            "CUES_PARTICIPANT_REPLAY_AFTER": "600"}
-    procs = [spawn(p, "producer", i, lake.root, dsns[p], args.instances, env, logs)
+    procs = [spawn(p, "producer", i, lake.root, dsns[p], args.slots, env, logs)
              for p in PRODUCERS for i in range(args.instances)]
     procs += [spawn(c, "consumer", 0, lake.root, dsns[c], 1, env, logs) for c in CONSUMERS]
     load_start = os.getloadavg()[0]
@@ -236,7 +240,7 @@ def main() -> int:
             "note": args.note,
             "config": {"producers": 3, "instances_per_producer": args.instances,
                        "consumers": 2, "active_consumer_instances": 1,
-                       "batch_size": args.batch_size},
+                       "batch_size": args.batch_size, "slots_per_producer": args.slots},
             "quick": args.quick, "burst": burst, "paced": paced, "targets": targets(paced),
             # other processes on the machine change the numbers: keep the 1-minute load with them
             "load_average_1m": {"start": round(load_start, 1),

@@ -187,9 +187,10 @@ def post(participant: str, lake_root: str, dsn: str | None, data_dir: str, recei
 @id_option
 @click.option("--role", type=click.Choice([r.value for r in Role]), required=True)
 @click.option("--instances", default=1, show_default=True, help="Independent instances (processes).")
-@click.option("--slots", default=None, type=int,
-              help="Publishing slots to create (default: --instances); existing slots are never "
-                   "removed: any live instance drains them.")
+@click.option("--slots", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Publishing slots to create (one is enough on one POSTINGS table: its commits "
+                   "take turns; more only add contention); existing slots are never removed: any "
+                   "live instance drains them.")
 @lake_option
 @dsn_option
 @data_dir_option
@@ -197,7 +198,7 @@ def post(participant: str, lake_root: str, dsn: str | None, data_dir: str, recei
 @click.option("--restart/--no-restart", default=True, show_default=True,
               help="Restart an instance that dies (with backoff: --restart-backoff-*).")
 @settings_options
-def run(participant: str, role: str, instances: int, slots: int | None, lake_root: str,
+def run(participant: str, role: str, instances: int, slots: int, lake_root: str,
         dsn: str | None, data_dir: str, idle_exit: float | None, restart: bool,
         config: str | None, **options: Any) -> None:
     """Run X independent instances of a participant (one process each) until SIGTERM/Ctrl-C.
@@ -212,7 +213,7 @@ def run(participant: str, role: str, instances: int, slots: int | None, lake_roo
     env = child_environment({**to_env(settings),  # the instances read them with Settings.from_env
                              "CUES_POSTGRES_DSN": resolved}, without=(CONFIG_ENV,))
     command = [sys.executable, "-m", "cues_platform.participants.instance", "--id", participant,
-               "--role", role, "--lake", lake_root, "--slots", str(slots or instances)]
+               "--role", role, "--lake", lake_root, "--slots", str(slots)]
     if idle_exit is not None:
         command += ["--idle-exit", str(idle_exit)]
     sup = Supervisor(command=command, env=env, count=instances, prefix=participant,

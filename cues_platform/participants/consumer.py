@@ -1,8 +1,9 @@
 """The consumer side (participant ``p``): POSTINGS subject p → validation → RESULTS subject n.
 
 One exactly-once processor per receiving participant: ``consume-{p}``, a map from POSTINGS
-partition p to RESULTS partitioned by the ``sender`` column, run by :class:`GraphRunner` on Spark
-(one session per process, started only by the instance that holds the consumer lease). Its x
+partition p to RESULTS partitioned by the ``sender`` column, run by :class:`GraphRunner` with its
+input read as Arrow (``ReadAs.ARROW``: fixed steps of ``consumer_batch`` postings, read by this
+process from the queue's files; no Spark session, no JVM). Its x
 instances share the lease ``consumer``; the holder steps the processor, the others stand by and
 take over when the lease expires (the processor's epoch fencing stops a stalled former holder).
 
@@ -75,6 +76,7 @@ from cues_platform.processing.graph import (
     Out,
     Processor,
     QueueDef,
+    ReadAs,
     SnapshotAt,
 )
 from cues_platform.processing.runner import GraphRunner
@@ -246,10 +248,9 @@ class ConsumerInstance(InstanceLoop):
         routes = Routes(self.lake)
         routable = routes(())
 
-        def fn(ctx: Any, postings: Any) -> pa.Table:
-            batch = postings.toArrow() if hasattr(postings, "toArrow") else postings
+        def fn(ctx: Any, postings: pa.Table) -> pa.Table:
             conn = self.db.connection()
-            return consume(ctx, conn, batch, receiver=self.p, routable=routes,
+            return consume(ctx, conn, postings, receiver=self.p, routable=routes,
                            instance=self.instance, settings=self.settings,
                            validator=self.validator)
 
@@ -260,9 +261,12 @@ class ConsumerInstance(InstanceLoop):
             # The function writes the consumer's database keyed by the delivery hash
             # (postgres_once) and reads its results back by it: a retry after a crash must see
             # the same snapshot and hash, so the snapshot is recorded before the function runs.
+            # Fixed-size steps read as Arrow by this process (no Spark job, no JVM): validation is
+            # Python on each row, and a Spark job's fixed cost was most of a small step's time.
             options=Options(batch_size=self.settings.consumer_batch,
                             max_batch_size=self.settings.consumer_batch,
-                            poll_interval=self.settings.idle_poll, snapshot_at=SnapshotAt.READ),
+                            poll_interval=self.settings.idle_poll, snapshot_at=SnapshotAt.READ,
+                            read_as=ReadAs.ARROW),
             description=f"postings protocol: consumer {self.p}")
         return Graph.build(
             name=f"participant-{self.p}",

@@ -21,6 +21,7 @@ from cues_platform.processing.graph import (
     OutputWriter,
     Processor,
     QueueDef,
+    ReadAs,
     SnapshotAt,
     Strategy,
 )
@@ -34,6 +35,6 @@ __all__ = [
     "Kind", "Options", "Out", "ProcessingError", "Processor", "ProcessorFencedError", "ProcessorStats",
     "QueueDef", "Range", "Record", "RecordType", "RecoveryError", "SimulatedCrash", "Snapshot",
     "OnError", "OutputWriter",
-    "SnapshotAt",
+    "ReadAs", "SnapshotAt",
     "StepContext", "StepResult", "Strategy", "UnhandledStepError", "processor_asset",
 ]

@@ -28,6 +28,7 @@ from cues_platform.processing.model import (
     OutputWriter,
     Processor,
     QueueDef,
+    ReadAs,
     SnapshotAt,
     Strategy,
 )
@@ -36,7 +37,8 @@ from cues_platform.queues.names import validate_name
 
 __all__ = [
     "ALL_PARTITIONS", "SAME_PARTITION", "AssetBody", "Graph", "GraphShape", "In", "Kind", "Options",
-    "Out", "OutputWriter", "Processor", "QueueDef", "SnapshotAt", "Strategy", "validate_graph",
+    "Out", "OutputWriter", "Processor", "QueueDef", "ReadAs", "SnapshotAt", "Strategy",
+    "validate_graph",
 ]
 
 

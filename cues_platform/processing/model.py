@@ -93,6 +93,23 @@ class OnError(StrEnum):
     WHOLE_STEP = "whole_step"
 
 
+class ReadAs(StrEnum):
+    """What a processor function gets for each input binding (``processing/inputs.py``).
+
+    ``spark`` (default): a Spark DataFrame over the step's range (lazy; Spark reads the Parquet
+    files itself, nothing crosses the driver). ``arrow``: a ``pyarrow.Table`` of the step's rows,
+    read by the driver from the same files (pyarrow, no Spark job): for small steps whose
+    function works row by row in Python, where a Spark job's fixed cost dominates the step
+    (``bench/results/participants.json``: the postings consumer). The rows, their order (by
+    offset), the metadata columns and the delivery contract are the same either way; an Arrow
+    step holds its whole input in the driver's memory, so keep ``max_batch_size`` small. A
+    runner whose processors all read Arrow starts no Spark session (``ctx.spark`` is then None
+    unless one is passed to the runner)."""
+
+    SPARK = "spark"
+    ARROW = "arrow"
+
+
 class AssetBody(StrEnum):
     """What a processor's Dagster asset runs (``cues_platform.dagster``); ``cues run`` ignores it.
 
@@ -155,6 +172,8 @@ class Options:
     # What isolation finds does not depend on it (bench/results/isolation.json: 4 threads 40x the
     # clean backlog against 65x one at a time, 10 bad rows in 1M, loaded machine)
     isolation_workers: int = 4
+    # the inputs as Spark DataFrames (default) or as pyarrow Tables read by the driver (ReadAs)
+    read_as: ReadAs = ReadAs.SPARK
 
 
 @dataclass(frozen=True)

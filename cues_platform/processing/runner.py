@@ -25,7 +25,7 @@ from cues_platform.processing.lanes import (
     LANE_REFRESH_SECONDS,
     SAME_PARTITION,
 )
-from cues_platform.processing.model import Kind, Processor
+from cues_platform.processing.model import Kind, Processor, ReadAs
 from cues_platform.processing.sources import SourceStepper, is_source_like
 from cues_platform.processing.step import Hook, StepBase, StepResult
 from cues_platform.processing.strategies import make_stepper
@@ -60,6 +60,14 @@ def create_queues(graph: Graph, lake: Lake) -> None:
         lake.create_queue(q.name, schema=q.schema, partitions=q.partitions, exist_ok=True)
 
 
+def needs_spark(graph: Graph, only: list[str] | None) -> bool:
+    """False when every processor the runner steps reads its inputs as Arrow (``ReadAs.ARROW``):
+    such a runner starts no Spark session (a JVM the process would otherwise keep for nothing)."""
+    chosen = [p for pid, p in graph.processors.items()
+              if only is None or pid in only or p.family in only]
+    return not chosen or any(p.options.read_as is not ReadAs.ARROW for p in chosen)
+
+
 class GraphRunner:
     def __init__(self, *, graph: Graph, lake: Lake, spark: Any = None,
                  resources: Mapping[str, Any] | None = None, hook: Hook | None = None,
@@ -74,7 +82,7 @@ class GraphRunner:
         check_and_record(graph, lake, only=None if only is None else [
             pid for pid, p in graph.processors.items() if pid in only or p.family in only])
         create_queues(graph, lake)
-        if spark is None:
+        if spark is None and needs_spark(graph, only):
             spark = get_spark()
         self._spark, self._resources, self._hook, self._only = spark, resources, hook, only
         # where each lane's backing queue is reached (the Dagster ``backing`` resource), else the lake

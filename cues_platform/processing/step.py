@@ -126,6 +126,7 @@ from cues_platform.processing.home import (
     read_home,
     trim_home_log,
 )
+from cues_platform.processing.inputs import read_input, rows_at, rows_between
 from cues_platform.processing.isolation import (
     call_budget,
     error_rows,
@@ -150,9 +151,8 @@ from cues_platform.processing.outputs import (
 from cues_platform.queues import Lake, Queue
 from cues_platform.queues.by_reference import WrittenPart
 from cues_platform.queues.errors import SchemaError
-from cues_platform.queues.reader import execute_spark, plan_read
+from cues_platform.queues.reader import plan_read
 from cues_platform.queues.schema import OFFSET, RESERVED
-from cues_platform.spark.client import is_connect
 
 Hook = Callable[[str], None]
 
@@ -238,13 +238,12 @@ class StepBase:
         return frames
 
     def _frames(self, snapshot: Snapshot) -> dict[str, Any]:
+        read_as = self.processor.options.read_as
         with failing_as(Phase.READ):
             frames = {}
             for binding, r in snapshot.inputs.items():
                 plan = plan_read(self.queues[r.queue], partition=r.partition, start=r.start, end=r.end)
-                frames[binding] = frame = execute_spark(self.queues[r.queue], self.spark, plan)
-                if is_connect(self.spark):
-                    frame.schema  # noqa: B018 - Connect resolves lazily: a missing file fails HERE
+                frames[binding] = read_input(self.queues[r.queue], plan, read_as=read_as, spark=self.spark)
         return frames
 
     def call(self, snapshot: Snapshot, frames: Mapping[str, Any], context: Any = None) -> Any:
@@ -305,7 +304,7 @@ class StepBase:
             def call(start: int, end: int) -> dict[str, pa.Table]:
                 part = Range(whole.queue, whole.partition, start, end)
                 ctx = dataclasses.replace(base, inputs={**snapshot.inputs, binding: part})
-                sub = {**frames, binding: frames[binding].where(f"{OFFSET} >= {start} AND {OFFSET} < {end}")}
+                sub = {**frames, binding: rows_between(frames[binding], start, end)}
                 result = self._call_fn(ctx, sub)
                 with failing_as(Phase.MATERIALIZE):
                     out = split_outputs(result, self.processor.outputs, processor=self.processor.id)
@@ -316,10 +315,9 @@ class StepBase:
                             after_call=lambda: self.hook("after_isolation_call"),
                             workers=options.isolation_workers)
             payloads: dict[int, str] = {}
-            if found.failing:  # one Spark job: the failing rows themselves, for their error rows
-                offsets = ", ".join(str(f.offset) for f in found.failing)
+            if found.failing:  # the failing rows themselves (one Spark job), for their error rows
                 with failing_as(Phase.READ):
-                    bad = frames[binding].where(f"{OFFSET} IN ({offsets})").toArrow()
+                    bad = rows_at(frames[binding], [f.offset for f in found.failing])
                 payloads = payloads_of(bad, offset_column=OFFSET, drop=tuple(RESERVED))
         except StepFailure as failure:  # a platform failure (isolate re-raises only those)
             raise self.platform_error(snapshot, failure) from failure.cause

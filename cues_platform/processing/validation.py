@@ -18,6 +18,7 @@ from cues_platform.processing.model import (
     Kind,
     Out,
     Processor,
+    ReadAs,
 )
 from cues_platform.queues.names import validate_name, validate_partition, validate_processor_id
 
@@ -98,6 +99,10 @@ def validate_graph(graph: GraphShape) -> None:
         if p.options.isolation_workers < 1:
             raise GraphError(f"{where}: isolation_workers must be >= 1 (1: isolation's calls one at "
                              "a time)", processor=p.id)
+        if not isinstance(p.options.read_as, ReadAs):
+            raise GraphError(f"{where}: read_as must be a ReadAs ({', '.join(r.value for r in ReadAs)}), "
+                             f"not {p.options.read_as!r}; e.g. Options(read_as=ReadAs.ARROW)",
+                             processor=p.id)
         if p.options.backing_maintenance_every < 0:
             raise GraphError(f"{where}: backing_maintenance_every must be >= 0 (0: never)",
                              processor=p.id)

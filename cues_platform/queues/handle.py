@@ -62,6 +62,7 @@ from cues_platform.queues.location import LakeLocation, partition_names
 from cues_platform.queues.names import validate_name, validate_partition, validate_processor_id
 from cues_platform.queues.schema import OFFSET, PARTITION, payload_schema_of
 from cues_platform.queues.snapshot_cache import SnapshotCache
+from cues_platform.queues.writer_lock import lock_path
 
 REOPEN_EVERY = 100  # commits; the default checkpoint interval
 ADD_PARTITIONS_ATTEMPTS = 200  # conflicting metadata changes retried by add_partitions
@@ -95,6 +96,9 @@ class QueueHandle:
         self._table_id = self._dt.metadata().id
         # local tables: the log folder, to see whether a newer commit exists with one stat()
         self._log_dir = lake.local_path(self.uri) / "_delta_log" if lake.is_local else None
+        # local tables: the lock writers of this table take turns on (writer_lock.py)
+        self.writer_lock = (lock_path(lake.local_path(lake.system_uri("locks")), lake.local_path(self.uri))
+                            if lake.is_local else None)
         # (version, identity of its commit entry): a different file there means a new table
         self._entry: tuple[int, tuple[int, int, int, int]] | None = None
         self._note_entry()

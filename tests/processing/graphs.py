@@ -45,6 +45,7 @@ from cues_platform.processing import (
     Out,
     Processor,
     QueueDef,
+    ReadAs,
     RecordType,
     SimulatedCrash,
     Strategy,
@@ -124,7 +125,7 @@ def make_fn(kind: str, outcome: str, *, batch: int = BATCH,
 
 def build_graph(kind: str, outcome: str = "output", *, batch: int = BATCH, error_queue: bool = True,
                 strategy: Strategy = Strategy.EXACTLY_ONCE, fn: Callable[..., Any] | None = None,
-                name: str = "g") -> Graph:
+                name: str = "g", read_as: ReadAs = ReadAs.SPARK) -> Graph:
     queues = [QueueDef("a", PAYLOAD), QueueDef("b", PAYLOAD), QueueDef("c", PAYLOAD),
               QueueDef("d", PAYLOAD)]
     if error_queue:
@@ -140,7 +141,8 @@ def build_graph(kind: str, outcome: str = "output", *, batch: int = BATCH, error
     if kind == "sink":
         outputs = {}
     proc = Processor(PID, k, fn, inputs, outputs,
-                     options=Options(batch_size=batch, max_batch_size=batch, strategy=strategy))
+                     options=Options(batch_size=batch, max_batch_size=batch, strategy=strategy,
+                                     read_as=read_as))
     return Graph.build(name=name, queues=queues, processors=[proc],
                        error_queue="errors" if error_queue else None)
 
