@@ -94,6 +94,10 @@ class Settings:
     idle_poll: float = 0.02  # first wait when idle; doubles up to max_idle_poll
     max_idle_poll: float = 0.25
     consumer_batch: int = 5_000
+    # a producer instance holding no slot (a standby) applies results at most this often; slot
+    # holders apply them every round (bench_participants.py: six standbys polling took a quarter
+    # of the machine from the holders)
+    standby_results_every: float = 1.0
     # `cues participant run` (the supervisor): wait before restarting a failed instance, doubling
     # per consecutive failure up to the max; reset once an instance ran healthy_after seconds.
     restart_backoff_initial: float = 1.0

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from datetime import UTC, datetime
 
 import psycopg
@@ -123,6 +124,7 @@ class ProducerInstance(InstanceLoop):
         self._producers: dict[int, Producer] = {}
         self._replayed: set[tuple[str, int]] = set()  # (slot lease, epoch) replayed on taking it
         self._known: set[str] = set()
+        self._standby_results_at = 0.0  # monotonic time of a standby's next results round
         self.stop_event = threading.Event()
         self.stats = {"published": 0, "bailed": 0, "results": 0, "issues": 0, "replayed": 0}
 
@@ -177,12 +179,15 @@ class ProducerInstance(InstanceLoop):
                         continue
                     self.lease = current
                     progressed |= self._serve_slot()
-        applied = self.apply_results_once() > 0
-        # Every instance applies results (step 6 is exactly-once whoever runs it), but only a slot
-        # holder counts them as progress: standbys back off to max_idle_poll between rounds
-        # instead of spinning on results the holder applies anyway (six standbys polling at
-        # idle_poll took a quarter of the machine in bench_participants.py).
-        progressed |= applied and holder
+        # Every instance applies results (step 6 is exactly-once whoever runs it); a standby only
+        # every settings.standby_results_every seconds and without counting them as progress
+        # (it backs off): the slot holders apply them at every round anyway.
+        now = time.monotonic()
+        if holder or now >= self._standby_results_at:
+            applied = self.apply_results_once() > 0
+            progressed |= applied and holder
+            if not holder:
+                self._standby_results_at = now + self.settings.standby_results_every
         return progressed
 
     def _serve_slot(self) -> bool:

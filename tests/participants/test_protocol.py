@@ -185,3 +185,44 @@ def test_publish_bails_then_republishes_the_same_sequence(
     assert rows(dsn, "SELECT DISTINCT ack_status, retries FROM messages") == [("acked_posting", 3)]
     assert lake.queue("postings").read_arrow(partition="bank-x").num_rows == 5
     prod.close()
+
+
+def test_a_standby_applies_results_only_every_standby_results_every(
+        lake: Lake, make_db: Callable[[str], str]) -> None:
+    """A slot holder applies results every round; an instance holding no slot applies them once,
+    then not again within ``standby_results_every`` (and never counts them as progress), so it
+    does not spin on work the holder does; with the interval 0 it applies at every round."""
+    register(lake, producers=["bank-a"], consumers=["bank-x"])
+    dsn = make_db("bank-a")
+    holder = ProducerInstance(participant="bank-a", lake=lake, dsn=dsn, instance_id="a1",
+                              settings=FAST)
+    slow = Settings(lease_seconds=3, idle_poll=0.01, standby_results_every=3600.0)
+    standby = ProducerInstance(participant="bank-a", lake=lake, dsn=dsn, instance_id="a2",
+                               settings=slow)
+    for inst in (holder, standby):
+        inst.start()
+    holder.tick()  # claims the only slot
+    assert holder._hold_lease() and not standby._hold_lease()
+
+    def position() -> int:
+        return rows(dsn, "SELECT position FROM subscriptions")[0][0]
+
+    def result(mid: str) -> pa.Table:
+        return pa.table({"sender": ["bank-a"], "receiver": ["bank-x"], "message_id": [mid],
+                         "replays": [0], "status": ["OK"], "reason": [None], "processed_at": [None]},
+                        schema=RESULTS_SCHEMA)
+
+    lake.queue(RESULTS).append(result("u1"), partition="bank-a")
+    assert standby.tick() is False and position() == 1  # its first round applies, no progress
+    lake.queue(RESULTS).append(result("u2"), partition="bank-a")
+    assert standby.tick() is False and position() == 1  # within the interval: not again
+    assert holder.tick() is True and position() == 2  # the holder: every round, progress
+    eager = ProducerInstance(participant="bank-a", lake=lake, dsn=dsn, instance_id="a3",
+                             settings=Settings(lease_seconds=3, standby_results_every=0.0))
+    eager.start()
+    for mid in ("u3", "u4"):
+        lake.queue(RESULTS).append(result(mid), partition="bank-a")
+        assert eager.tick() is False and position() == int(mid[1:])
+    assert rows(dsn, "SELECT count(*) FROM consistency_issues") == [(4,)]  # each applied once
+    for inst in (holder, standby, eager):
+        inst.close()
