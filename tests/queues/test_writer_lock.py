@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -59,19 +60,29 @@ def holder(make_queue):  # noqa: ANN201
 
 def test_a_stopped_holder_delays_a_writer_by_the_bounded_wait_only(holder, caplog, monkeypatch) -> None:
     q, proc = holder
-    monkeypatch.setattr(wl, "WAIT_SECONDS", 0.3)
     monkeypatch.setattr(wl, "_warned", set())
+    monkeypatch.setattr(wl, "_stuck", {})
     os.kill(proc.pid, signal.SIGSTOP)
     try:
-        with wl.writer_turn(q.writer_lock, wait=0.3) as held:
-            assert held is False  # waited, then goes on without it
         with caplog.at_level(logging.WARNING, logger=wl.__name__):
-            result = q.append(rows(0, 2), partition="0")
+            with wl.writer_turn(q.writer_lock, wait=0.3) as held:
+                assert held is False  # waited, then goes on without it
+        threads = threading.active_count()
+        # while that given-up wait is pending, appends go without waiting and start no thread
+        results = [q.append(rows(i, 2), partition="0") for i in range(0, 10, 2)]
+        assert threading.active_count() == threads
     finally:
         os.kill(proc.pid, signal.SIGCONT)
-    assert result.attempts == 1 and (result.first_offset, result.last_offset) == (0, 1)
+    assert all(r.attempts == 1 for r in results)
     assert f"waited 0.3 s for the writer lock {q.writer_lock}" in caplog.text
-    assert q.read_arrow(partition="0")["_offset"].to_pylist() == [0, 1]
+    assert q.read_arrow(partition="0")["_offset"].to_pylist() == list(range(10))
+    (waiter,) = wl._stuck.values()
+    proc.kill()
+    proc.wait(30)
+    waiter.thread.join(30)  # it gets the lock once the holder is gone, and lets go at once
+    assert waiter.finished and wl._stuck == {}
+    with wl.writer_turn(q.writer_lock, wait=5.0) as held:
+        assert held is True
 
 
 def test_a_killed_holder_releases_the_lock(holder) -> None:
