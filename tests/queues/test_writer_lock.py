@@ -64,9 +64,9 @@ def test_a_stopped_holder_delays_a_writer_by_the_bounded_wait_only(holder, caplo
     monkeypatch.setattr(wl, "_stuck", {})
     os.kill(proc.pid, signal.SIGSTOP)
     try:
-        with caplog.at_level(logging.WARNING, logger=wl.__name__):
-            with wl.writer_turn(q.writer_lock, wait=0.3) as held:
-                assert held is False  # waited, then goes on without it
+        with (caplog.at_level(logging.WARNING, logger=wl.__name__),
+              wl.writer_turn(q.writer_lock, wait=0.3) as held):
+            assert held is False  # waited, then goes on without it
         threads = threading.active_count()
         # while that given-up wait is pending, appends go without waiting and start no thread
         results = [q.append(rows(i, 2), partition="0") for i in range(0, 10, 2)]
