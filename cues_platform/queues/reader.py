@@ -61,6 +61,13 @@ class ReadPlan:
     def empty(self) -> bool:
         return self.end <= self.start
 
+    @property
+    def whole_files(self) -> bool:
+        """Every file's offsets lie inside ``[start, end)`` (their exact ``_offset`` statistics):
+        the offset filter would keep every row, so the read skips it (Spark then need not read
+        the ``_offset`` column to filter: ~0.1 s of a 1M-row backlog step's job)."""
+        return all(self.start <= f.min_offset and f.max_offset < self.end for f in self.files)
+
 
 def plan_read(
     queue: QueueHandle,
@@ -184,7 +191,8 @@ def execute_arrow(queue: QueueHandle, plan: ReadPlan, *, columns: list[str] | No
     schema = queue.table_schema
     if plan.empty or not plan.files:
         return schema.empty_table() if columns is None else schema.empty_table().select(columns)
-    expr = (pc.field(OFFSET) >= plan.start) & (pc.field(OFFSET) < plan.end)
+    expr = pc.scalar(True) if plan.whole_files else (
+        (pc.field(OFFSET) >= plan.start) & (pc.field(OFFSET) < plan.end))
     if plan.hidden_txns:
         expr &= ~pc.field(TXN_ID).isin(list(plan.hidden_txns)) | pc.field(TXN_ID).is_null()
     dataset = _dataset(queue, plan.files, _payload_and_meta_schema(queue))
@@ -239,7 +247,9 @@ def execute_spark(queue: QueueHandle, spark: Any, plan: ReadPlan) -> Any:
     else:
         uris = [join_uri(queue.uri, f.path) for f in plan.files]
         frame = spark.read.schema(physical).parquet(*uris)
-        if connect:
+        if plan.whole_files:
+            pass  # every row of these files is in the range
+        elif connect:
             frame = frame.where((F.col(OFFSET) >= plan.start) & (F.col(OFFSET) < plan.end))
         else:
             frame = frame.where(f"{_quoted(OFFSET)} >= {int(plan.start)} AND {_quoted(OFFSET)} < {int(plan.end)}")

@@ -72,3 +72,15 @@ def test_spark_reads_payload_columns_whose_names_need_quoting(lake, spark) -> No
     got = sorted(tuple(r[n] for n in [*odd, "_offset", "_partition"]) for r in frame.collect())
     assert got == [(k, 10 + k, 20 + k, 30 + k, k, "p-1.x") for k in (1, 2)]
     assert frame.schema["_partition"].nullable is False
+
+
+@pytest.mark.parametrize(("start", "end", "whole"), [
+    (10, 30, True), (0, 50, True), (12, 25, False), (10, 29, False), (11, 30, False), (40, 45, False)])
+def test_a_read_skips_the_offset_filter_only_when_every_file_lies_inside_the_range(
+        filled, spark, start, end, whole) -> None:
+    plan = plan_read(filled, partition="a", start=start, end=end)
+    assert plan.whole_files is whole
+    want = list(range(start, min(end, 50)))
+    assert filled.read_arrow(partition="a", start=start, end=end)["_offset"].to_pylist() == want
+    frame = filled.read_spark(spark, partition="a", start=start, end=end)
+    assert sorted(r["_offset"] for r in frame.collect()) == want
