@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 from cues_platform.audit.report import PLATFORM_ERROR, Violation
 from cues_platform.processing.failures import Origin, origin_of_exception_type
 from cues_platform.queues import Queue
+from cues_platform.queues.based import read_delta
 from cues_platform.queues.schema import DELIVERY_HASH, OFFSET, PARTITION
 
 ERROR_COLUMNS = ("processor", "step", "exception_type", "inputs", "message")
@@ -31,9 +32,7 @@ def platform_error_checks(queues: Mapping[str, Queue]) -> list[Violation]:
         if not is_error_queue(queue):
             continue
         dt = queue.refresh()
-        table = dt.to_pyarrow_dataset().to_table(
-            columns=[*ERROR_COLUMNS, PARTITION, OFFSET, DELIVERY_HASH]
-        )
+        table = read_delta(dt, columns=[*ERROR_COLUMNS, PARTITION, OFFSET, DELIVERY_HASH])
         types = [t for t in pc.unique(table["exception_type"]).to_pylist() if t is not None]
         platform = [t for t in types if origin_of_exception_type(t) is Origin.PLATFORM]
         if not platform:

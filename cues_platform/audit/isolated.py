@@ -82,6 +82,7 @@ from cues_platform.audit.storage import STORAGE_ERRORS
 from cues_platform.processing.backing import ErrorRef, Record, Snapshot
 from cues_platform.processing.failures import CONTRACT_EXCEPTION_TYPE
 from cues_platform.queues import Queue
+from cues_platform.queues.based import read_delta
 from cues_platform.queues.retention import start_offsets
 from cues_platform.queues.schema import DELIVERY_HASH, OFFSET, PARTITION
 
@@ -135,8 +136,7 @@ def read_error_queues(queues: Mapping[str, Queue], unreadable: set[str]) -> Erro
         try:
             dt = queue.refresh()
             starts = start_offsets(queue, snapshot=dt)
-            table = dt.to_pyarrow_dataset().to_table(
-                columns=[*COLUMNS, PARTITION, OFFSET, DELIVERY_HASH])
+            table = read_delta(dt, columns=[*COLUMNS, PARTITION, OFFSET, DELIVERY_HASH])
         except STORAGE_ERRORS as exc:
             out.unreadable.add(name)
             out.failures.append((name, queue.uri, exc))

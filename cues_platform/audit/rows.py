@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cues_platform.queues import Queue
+from cues_platform.queues.based import read_delta
 from cues_platform.queues.layout import PROCESSOR_STEP
 from cues_platform.queues.retention import start_offsets
 from cues_platform.queues.schema import DELIVERY_HASH, MESSAGE_TYPE, OFFSET, PARTITION
@@ -110,7 +111,7 @@ def read_queue_rows(name: str, queue: Queue | None, processors: Iterable[str]) -
     with_processor = {"processor", "step", "exception_type"} <= names
     if with_processor:
         columns += [MESSAGE_TYPE, "processor"]
-    table = dt.to_pyarrow_dataset().to_table(columns=columns)
+    table = read_delta(dt, columns=columns)  # offsets absolute whatever the layout (based.py)
     versions = {p: dt.transaction_version(PROCESSOR_STEP.id(p)) for p in processors}
     return QueueRows(
         name, True, hash_runs(table, with_processor), versions, unhashed=unhashed_runs(table),

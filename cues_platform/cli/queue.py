@@ -63,6 +63,7 @@ def _show(name: str, q: Queue) -> None:
     for field in q.payload_schema:
         console.print(f"  {field.name}: {field.type}{'' if field.nullable else ' not null'}")
     click.echo(f"retention: {policy_of(q).describe()}")
+    click.echo(f"offsets: {q.offset_layout.value} (format {q.offset_layout.format_version})")
     table = Table("partition", "messages", "start offset", "last offset", "files")
     for p in q.partitions:
         files = q.files(partition=p)

@@ -14,6 +14,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
@@ -32,13 +33,25 @@ def open_table(path: Path) -> DeltaTable | None:
 def read_table(path: Path, columns: list[str] | None = None) -> pa.Table | None:
     """The rows the table holds now (the current snapshot). Rows a retention delete removed are
     gone: the checker never reads them back from older versions (a real deployment's log
-    retention trims those), it proves them from what a deployment keeps (``Expectation``)."""
+    retention trims those), it proves them from what a deployment keeps (``Expectation``).
+
+    A queue with based offsets (format "2") has a second partition column ``_base`` and a row's
+    offset is ``_base + _offset``: read here from the Delta format itself (not through the
+    platform's reader), and returned as ``_offset`` without ``_base``."""
     dt = open_table(path)
     if dt is None:
         return None
     names = set(pa.schema(dt.schema()).names)
     wanted = None if columns is None else [c for c in columns if c in names]
-    return dt.to_pyarrow_table(columns=wanted)
+    based = "_base" in dt.metadata().partition_columns
+    if based and wanted is not None and "_offset" in wanted:
+        wanted = [*wanted, "_base"]
+    table = dt.to_pyarrow_table(columns=wanted)
+    if based and "_offset" in table.column_names:
+        at = table.column_names.index("_offset")
+        table = table.set_column(at, table.schema.field("_offset"),
+                                 pc.add(table["_offset"], table["_base"]))
+    return table.drop_columns(["_base"]) if "_base" in table.column_names else table
 
 
 def start_offset(dt: DeltaTable, partition: str) -> int:

@@ -29,6 +29,15 @@ The step's commit (``processing/home.py`` for exactly_once, ``outputs.commit_dir
 then commits the files by reference; if another writer appended to the partition in between,
 the rows are read back and appended with new offsets (``by_reference.append_written``).
 
+A queue with based offsets (``OffsetLayout.BASED``, ``queues/based.py``) is written in ONE job
+instead (:func:`write_based`): Step 1 as above; the executors write each row with ``_offset`` =
+its index in its task's file (``monotonically_increasing_id`` minus the task's shift: no counting
+job, the plan runs once); the driver reads the footers and checks each file holds ``0 .. n-1``
+(``by_reference.verify_based``); the commit assigns each file its base from the partition's next
+offset at that moment, so a writer that moved the partition meanwhile costs a new base, not a
+rewrite. A task that wrote its rows in another order or split them over files fails the check
+and the rows go the driver path, as in Step 5.
+
 On abort anywhere here (exception, SIGKILL) nothing is committed: the files are orphans in no
 snapshot, which ``cues queue maintain`` (vacuum) removes after the retention; the step is planned
 again by recovery exactly as on the driver path. Driver memory holds the counts and the footers,
@@ -57,6 +66,7 @@ from cues_platform.queues.by_reference import (
     filesystem_of,
     read_footer,
     read_written_paths,
+    verify_based,
     verify_written,
 )
 from cues_platform.queues.errors import BatchError
@@ -77,6 +87,9 @@ from cues_platform.queues.schema import (
 # where collecting to Arrow and delta-rs' writer took 1.3 s for the whole step, so below this the
 # driver is faster; above it the driver's memory grows with the step and the executors' does not.
 AUTO_EXECUTOR_ROWS = 1_000_000
+# ... and for a queue with based offsets, where the executors' write is one job and no row crosses
+# the driver: above this many input rows (docs/benchmarks.md, bench/results/peers.json)
+AUTO_BASED_ROWS = 100_000
 _PID, _MID = "__cues_pid", "__cues_mid"
 
 
@@ -86,9 +99,11 @@ def is_spark_frame(value: Any) -> bool:
 
 def executor_output(
     processor: Processor, graph: Graph, by_binding: Mapping[str, Any], *, home: str | None,
-    input_rows: int,
+    input_rows: int, queues: Mapping[str, Queue] | None = None,
 ) -> Out | None:
-    """The output the executors can write for this step's result, or None (the driver writes)."""
+    """The output the executors can write for this step's result, or None (the driver writes).
+    ``queues``: the step's output queues by name (a queue with based offsets lowers ``auto``'s
+    threshold to ``AUTO_BASED_ROWS``)."""
     writer = processor.options.output_writer
     if writer is OutputWriter.DRIVER or len(by_binding) != 1:
         return None
@@ -100,7 +115,8 @@ def executor_output(
         return None  # rows to split off on the driver (a pyspark contract is the Dagster check's)
     if processor.strategy is Strategy.EXACTLY_ONCE and out.queue != home:
         return None  # an attempt over several queues stages its files; not this path
-    if writer is OutputWriter.AUTO and input_rows <= AUTO_EXECUTOR_ROWS:
+    based = queues is not None and out.queue in queues and queues[out.queue].based
+    if writer is OutputWriter.AUTO and input_rows <= (AUTO_BASED_ROWS if based else AUTO_EXECUTOR_ROWS):
         return None
     return out
 
@@ -132,6 +148,9 @@ def write_by_executors(
     if not _matches(frame, queue):
         return to_arrow(frame)
     queue.check_partition(partition)
+    if queue.based:
+        return write_based(frame, queue, partition=partition, delivery_hash=delivery_hash,
+                           message_type=message_type)
     spark = frame.sparkSession
     spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
     # Step 2
@@ -159,20 +178,10 @@ def write_by_executors(
             acc += counts[pid]
         base = F.create_map(*bases)[F.col(_PID)]
         index = F.col(_MID) - F.shiftleft(F.col(_PID).cast("long"), 33)
-        # the platform's clock, like the driver's appends: retention by age reads _append_time
-        now = datetime.fromtimestamp(clock.now_ms() / 1000, UTC)
         # Step 4
-        relative = f"_partition={partition}/step-{delivery_hash[:8]}-{uuid.uuid4().hex[:12]}"
-        out = cached.select(
-            *[F.col(n) for n in payload.names],
-            (base + index).cast("long").alias(OFFSET),
-            F.lit(None).cast("string").alias(PRODUCER_ID),
-            F.lit(None).cast("long").alias(PRODUCER_SEQ),
-            F.lit(delivery_hash).alias(DELIVERY_HASH),
-            F.lit(message_type).alias(MESSAGE_TYPE),
-            F.lit(now).cast("timestamp").alias(APPEND_TIME),
-            F.lit(None).cast("string").alias(TXN_ID),
-        )
+        relative = _step_folder(partition, delivery_hash)
+        out = cached.select(*[F.col(n) for n in payload.names],
+                            *_metadata_columns(base + index, delivery_hash, message_type))
         # "error" (= errorifexists): the one spelling Spark Connect's writer accepts too
         out.write.mode("error").parquet(join_uri(queue.uri, relative))
     finally:
@@ -185,6 +194,59 @@ def write_by_executors(
         return verify_written(queue, partition, start, footers)
     except NotCommittableError:
         return read_written_paths(queue, [f"{relative}/{name}" for name in names])
+
+
+def write_based(frame: Any, queue: Queue, *, partition: str, delivery_hash: str,
+                message_type: str = "message") -> WrittenPart | pa.Table | None:
+    """The one-job write of a queue with based offsets (module docstring); Step 1 is the
+    caller's. The verified files (``WrittenPart`` with ``based``), the rows as Arrow when the
+    files cannot be committed as written, or None when the step has no row."""
+    from pyspark.sql import functions as F  # lazy: Spark only where a step's output is a DataFrame
+
+    spark = frame.sparkSession
+    spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+    start = queue.next_offset(partition)  # what the commit expects; the bases are set there
+    relative = _step_folder(partition, delivery_hash)
+    index = F.monotonically_increasing_id() - F.shiftleft(F.spark_partition_id().cast("long"), 33)
+    out = frame.select(*[F.col(n) for n in queue.payload_schema.names],
+                       *_metadata_columns(index, delivery_hash, message_type))
+    # one file per task: a file's rows are its task's rows, indexed 0..n-1 in order
+    out.write.mode("error").option("maxRecordsPerFile", 0).parquet(join_uri(queue.uri, relative))
+    names = _parquet_files(queue, relative)
+    try:
+        footers = [read_footer(queue, f"{relative}/{name}") for name in names]
+        written = verify_based(queue, partition, start, footers)
+    except NotCommittableError:
+        return read_written_paths(queue, [f"{relative}/{name}" for name in names], based=True)
+    if written.rows == 0:
+        return None
+    if written.rows > queue.max_batch_rows:
+        raise BatchError(
+            f"queue {queue.name!r}: the batch has {written.rows} rows, more than the queue's limit "
+            f"of {queue.max_batch_rows}; split it or raise max_batch_rows",
+            queue=queue.name, rows=written.rows, limit=queue.max_batch_rows)
+    return written
+
+
+def _step_folder(partition: str, delivery_hash: str) -> str:
+    return f"_partition={partition}/step-{delivery_hash[:8]}-{uuid.uuid4().hex[:12]}"
+
+
+def _metadata_columns(offset: Any, delivery_hash: str, message_type: str) -> list[Any]:
+    """The metadata columns of rows the executors write, ``offset`` as ``_offset``."""
+    from pyspark.sql import functions as F  # lazy: Spark only where a step's output is a DataFrame
+
+    # the platform's clock, like the driver's appends: retention by age reads _append_time
+    now = datetime.fromtimestamp(clock.now_ms() / 1000, UTC)
+    return [
+        offset.cast("long").alias(OFFSET),
+        F.lit(None).cast("string").alias(PRODUCER_ID),
+        F.lit(None).cast("long").alias(PRODUCER_SEQ),
+        F.lit(delivery_hash).alias(DELIVERY_HASH),
+        F.lit(message_type).alias(MESSAGE_TYPE),
+        F.lit(now).cast("timestamp").alias(APPEND_TIME),
+        F.lit(None).cast("string").alias(TXN_ID),
+    ]
 
 
 def _parquet_files(queue: Queue, relative: str) -> list[str]:

@@ -1,6 +1,7 @@
 """The graph's vocabulary: processors, the queues between them, their bindings and options.
 
-The floor under every other processing module: it imports nothing of the package. A processor
+The floor under every other processing module: of the package it imports only the queue layer's
+vocabulary (``queues/layout.py``: a queue's offset layout). A processor
 binds names to queues: ``inputs={"orders": In("orders")}`` reads every partition of ``orders``
 (one lane per partition, ``processing/lanes.py``), ``In("orders", "eu")`` one partition;
 ``outputs={"out": Out("enriched")}`` writes the lane's partition (``"0"`` outside lanes),
@@ -20,6 +21,8 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 import pyarrow as pa
+
+from cues_platform.queues.layout import OffsetLayout
 
 ALL_PARTITIONS = "*"  # In(queue): every partition of the queue (not a legal partition name)
 SAME_PARTITION = "="  # Out(queue): the lane's partition ("0" outside lanes)
@@ -129,6 +132,9 @@ class QueueDef:
     schema: pa.Schema
     partitions: tuple[str, ...] = ("0",)
     contract: Any = None  # pandera: pandas (row by row in the step) or pyspark (the Dagster check)
+    # how the queue's files hold offsets, fixed when it is created (queues/layout.py): ``based``
+    # lets a large step's output be written by Spark's executors in one job
+    offset_layout: OffsetLayout = OffsetLayout.ABSOLUTE
 
 
 @dataclass(frozen=True)

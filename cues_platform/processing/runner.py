@@ -57,7 +57,8 @@ class ProcessorStats:
 
 def create_queues(graph: Graph, lake: Lake) -> None:
     for q in graph.queues.values():
-        lake.create_queue(q.name, schema=q.schema, partitions=q.partitions, exist_ok=True)
+        lake.create_queue(q.name, schema=q.schema, partitions=q.partitions, exist_ok=True,
+                          offset_layout=q.offset_layout)
 
 
 def needs_spark(graph: Graph, only: list[str] | None) -> bool:

@@ -28,6 +28,7 @@ from cues_platform.queues.errors import (
     UnknownTransactionError,
 )
 from cues_platform.queues.lake import Lake
+from cues_platform.queues.layout import OffsetLayout
 from cues_platform.queues.producer import Acks, AsyncProducer, Producer
 from cues_platform.queues.queue import Queue
 from cues_platform.queues.reader import Isolation, read_arrow, read_spark
@@ -37,6 +38,7 @@ from cues_platform.queues.transactions import TransactionalProducer
 __all__ = [
     "Acks",
     "AppendResult",
+    "OffsetLayout",
     "AsyncProducer",
     "BatchError",
     "ConcurrentAppendError",

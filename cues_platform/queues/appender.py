@@ -64,6 +64,7 @@ from cues_platform.queues.layout import PARTITION as PARTITION_ID
 from cues_platform.queues.schema import (
     APPEND_OPTIONS,
     APPEND_TIME,
+    BASE_FIELD,
     DEFAULT_MESSAGE_TYPE,
     DELIVERY_HASH,
     MESSAGE_TYPE,
@@ -286,6 +287,8 @@ def _attempt(
         data = queue.table_schema.empty_table()
     else:
         data = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        if queue.based:  # the driver writes absolute offsets: base 0 (based.py)
+            data = data.append_column(BASE_FIELD, pa.array(np.zeros(data.num_rows, np.int64)))
         data = data.cast(queue.table_schema)
     # Step 4
     before = queue.cache.key(dt)
@@ -293,7 +296,7 @@ def _attempt(
         dt,
         data,
         mode="append",
-        partition_by=[PARTITION],
+        partition_by=queue.partition_columns,
         commit_properties=CommitProperties(
             app_transactions=txns, max_commit_retries=REBASE_RETRIES,
             custom_metadata={**metadata, "cues.ranges": _ranges_text(ranges)},

@@ -14,10 +14,14 @@ again at step 1):
    :class:`NotCommittableError`: nothing is committed, the caller rewrites the rows through
    :func:`~cues_platform.queues.appender.append_batches`.
 2. Load the newest snapshot and run the guards (as ``append_batches`` step 2).
-3. If a partition's next offset is no longer ``start`` (another writer appended since), raise
-   :class:`OffsetsMovedError`: the offsets in the files are taken, so the caller rewrites.
-4. Commit the files' add actions (with statistics built from the footers) in ONE Delta commit
-   carrying ``part:{partition} = start + rows``, the extra app transactions and the metadata.
+3. If a partition's next offset is no longer ``start`` (another writer appended since): files
+   with absolute offsets raise :class:`OffsetsMovedError` (their offsets are taken, so the caller
+   rewrites them); files with based offsets (``WrittenPart.based``, ``based.py``) take the new
+   next offset as their ``start``: their bases are assigned below, nothing is rewritten.
+4. Commit the files' add actions (with statistics built from the footers; in a queue with based
+   offsets each file's ``_base`` partition value: 0 for absolute files, ``start`` plus the rows
+   of the part's files before it for based ones) in ONE Delta commit carrying
+   ``part:{partition} = start + rows``, the extra app transactions and the metadata.
 5. A concurrent-transaction conflict (the same ``part:`` or guard app id): back off, go to 2.
 
 On abort before step 4's commit the files are orphans in no snapshot (vacuum removes them).
@@ -51,13 +55,14 @@ from cues_platform.queues.appender import (
     Guard,
     append_batches,
 )
+from cues_platform.queues.based import assign_bases
 from cues_platform.queues.errors import ConcurrentAppendError, QueueError
 from cues_platform.queues.filesystems import filesystem_for
 from cues_platform.queues.integrity import TableStorage, commit_path
 from cues_platform.queues.layout import COMMIT_HOOKS
 from cues_platform.queues.layout import PARTITION as PARTITION_ID
 from cues_platform.queues.names import join_uri
-from cues_platform.queues.schema import APPEND_TIME, OFFSET, PARTITION, TXN_ID
+from cues_platform.queues.schema import APPEND_TIME, BASE, OFFSET, PARTITION, TXN_ID
 
 if TYPE_CHECKING:
     from cues_platform.queues.handle import QueueHandle
@@ -97,6 +102,9 @@ class WrittenPart:
     start: int
     rows: int
     files: tuple[FileFooter, ...]
+    # True: each file's _offset holds 0..n-1 and its base is assigned at the commit (based.py);
+    # ``start`` is then only the next offset seen when the files were written
+    based: bool = False
 
     @property
     def end(self) -> int:
@@ -187,7 +195,6 @@ def _describe(values: np.ndarray, due: np.ndarray) -> str:
 
 def verify_written(queue: QueueHandle, partition: str, start: int, files: Sequence[FileFooter]) -> WrittenPart:
     """Step 1's density and type checks; returns the part to commit (rows may be 0)."""
-    payload = queue.payload_schema
     kept = sorted((f for f in files if f.rows), key=lambda f: f.min_offset)
     expected = start
     for f in kept:
@@ -197,20 +204,41 @@ def verify_written(queue: QueueHandle, partition: str, start: int, files: Sequen
                 f"[{f.min_offset}, {f.max_offset}] in {f.rows} rows where [{expected}, "
                 f"{expected + f.rows - 1}] was due; rewrite the rows", queue=queue.name,
                 partition=partition, path=f.path)
-        for field in payload:
-            if field.name not in f.schema.names or not f.schema.field(field.name).type.equals(field.type):
-                got = f.schema.field(field.name).type if field.name in f.schema.names else "nothing"
-                raise NotCommittableError(
-                    f"queue {queue.name!r}: written file {f.path} has {got} for column "
-                    f"{field.name!r}, declared {field.type}; rewrite the rows", queue=queue.name,
-                    column=field.name)
-            if not field.nullable and f.nulls.get(field.name, -1) != 0:
-                raise NotCommittableError(
-                    f"queue {queue.name!r}: written file {f.path} may hold nulls in required "
-                    f"column {field.name!r}; rewrite the rows", queue=queue.name, column=field.name)
+        _check_payload(queue, f)
         check_offsets(queue, partition, f, expected)
         expected += f.rows
     return WrittenPart(partition, start, expected - start, tuple(kept))
+
+
+def verify_based(queue: QueueHandle, partition: str, start: int, files: Sequence[FileFooter]) -> WrittenPart:
+    """Step 1 for files with based offsets: each file's ``_offset`` holds exactly ``0 .. n-1``
+    (one file per Spark task, the row's index in it) and its payload has the queue's types; the
+    files' order (by name: Spark's task number) is the order their bases are assigned in."""
+    kept = tuple(sorted((f for f in files if f.rows), key=lambda f: f.path))
+    for f in kept:
+        if f.min_offset != 0 or f.max_offset != f.rows - 1:
+            raise NotCommittableError(
+                f"queue {queue.name!r} partition {partition!r}: written file {f.path} holds "
+                f"{OFFSET} [{f.min_offset}, {f.max_offset}] in {f.rows} rows where [0, "
+                f"{f.rows - 1}] (each row's index in its file) was due; rewrite the rows",
+                queue=queue.name, partition=partition, path=f.path)
+        _check_payload(queue, f)
+        check_offsets(queue, partition, f, 0)
+    return WrittenPart(partition, start, sum(f.rows for f in kept), kept, based=True)
+
+
+def _check_payload(queue: QueueHandle, f: FileFooter) -> None:
+    for field in queue.payload_schema:
+        if field.name not in f.schema.names or not f.schema.field(field.name).type.equals(field.type):
+            got = f.schema.field(field.name).type if field.name in f.schema.names else "nothing"
+            raise NotCommittableError(
+                f"queue {queue.name!r}: written file {f.path} has {got} for column "
+                f"{field.name!r}, declared {field.type}; rewrite the rows", queue=queue.name,
+                column=field.name)
+        if not field.nullable and f.nulls.get(field.name, -1) != 0:
+            raise NotCommittableError(
+                f"queue {queue.name!r}: written file {f.path} may hold nulls in required "
+                f"column {field.name!r}; rewrite the rows", queue=queue.name, column=field.name)
 
 
 def read_written(queue: QueueHandle, files: Sequence[FileFooter]) -> pa.Table:
@@ -218,8 +246,9 @@ def read_written(queue: QueueHandle, files: Sequence[FileFooter]) -> pa.Table:
     return read_written_paths(queue, [f.path for f in files])
 
 
-def read_written_paths(queue: QueueHandle, paths: Sequence[str]) -> pa.Table:
-    """:func:`read_written` by relative paths (files whose footers could not be used)."""
+def read_written_paths(queue: QueueHandle, paths: Sequence[str], *, based: bool = False) -> pa.Table:
+    """:func:`read_written` by relative paths (files whose footers could not be used); ``based``:
+    the files' ``_offset`` values are indexes in each file (kept in file order, not sorted)."""
     tables = []
     for relative in paths:
         filesystem, path = filesystem_of(join_uri(queue.uri, relative), queue.lake.options)
@@ -227,7 +256,7 @@ def read_written_paths(queue: QueueHandle, paths: Sequence[str]) -> pa.Table:
     if not tables:
         return queue.payload_schema.empty_table()
     table = pa.concat_tables(tables, promote_options="permissive")
-    if OFFSET in table.column_names:
+    if OFFSET in table.column_names and not based:
         table = table.sort_by(OFFSET)
     return table.select([n for n in queue.payload_schema.names if n in table.column_names])
 
@@ -252,7 +281,8 @@ def append_written(
         return commit_files(queue, parts, guards=guards, app_transactions=app_transactions,
                             commit_metadata=metadata)
     except OffsetsMovedError:
-        tables = {p: read_written(queue, w.files) for p, w in parts.items()}
+        tables = {p: read_written_paths(queue, [f.path for f in w.files], based=w.based)
+                  for p, w in parts.items()}
         return append_batches(queue, tables, guards=guards, app_transactions=app_transactions,
                               commit_metadata=commit_metadata or {}, **options)
 
@@ -266,16 +296,13 @@ def commit_files(
     commit_metadata: Mapping[str, str] | None = None,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
 ) -> AppendResult:
-    """Steps 2-5 of the module docstring for parts verified by :func:`verify_written`."""
-    ranges = {p: (w.start, w.end) for p, w in sorted(parts.items())}
-    metadata = {"cues.queue": queue.name, **dict(commit_metadata or {}),
-                "cues.ranges": ";".join(f"{p}:{s}-{e}" for p, (s, e) in ranges.items()),
-                "cues.commit": uuid.uuid4().hex}  # finds this commit's version afterwards
+    """Steps 2-5 of the module docstring for parts verified by :func:`verify_written` or
+    :func:`verify_based`."""
+    if any(w.based for w in parts.values()) and not queue.based:
+        raise QueueError(f"queue {queue.name!r} has absolute offsets: files with based offsets "
+                         "cannot be committed to it; rewrite the rows", queue=queue.name)
+    token = uuid.uuid4().hex  # finds this commit's version afterwards
     at_ms = clock.now_ms()  # the add actions' modificationTime, on the platform's clock
-    actions = [AddAction(f.path, f.size, {PARTITION: p}, at_ms, True, f.stats)
-               for p, w in sorted(parts.items()) for f in w.files]
-    txns = [Transaction(PARTITION_ID.id(p), end) for p, (_, end) in ranges.items()]
-    txns += [Transaction(app_id, version) for app_id, version in app_transactions]
     delay = 0.002
     for attempt in range(1, max_attempts + 1):
         try:
@@ -289,23 +316,33 @@ def commit_files(
                     if done is not None:
                         return done
                 # Step 3
-                for p, (start, _) in ranges.items():
+                ranges: dict[str, tuple[int, int]] = {}
+                for p, w in sorted(parts.items()):
                     now = queue.next_offset(p, snapshot=dt)
-                    if now != start:
+                    if now != w.start and not w.based:
                         raise OffsetsMovedError(
                             f"queue {queue.name!r} partition {p!r}: next offset is {now}, the "
-                            f"written files start at {start}; rewrite them", queue=queue.name,
-                            partition=p, expected=start, found=now)
-                # Step 4: the version before the commit, so that the search for this commit's
-                # version covers every commit delta-rs may have rebased it over
+                            f"written files start at {w.start}; rewrite them", queue=queue.name,
+                            partition=p, expected=w.start, found=now)
+                    ranges[p] = (now, now + w.rows)
+                # Step 4 (the bases, on this snapshot's next offsets)
+                actions = _add_actions(queue, parts, ranges, at_ms)
+                txns = [Transaction(PARTITION_ID.id(p), end) for p, (_, end) in ranges.items()]
+                txns += [Transaction(app_id, version) for app_id, version in app_transactions]
+                metadata = {"cues.queue": queue.name, **dict(commit_metadata or {}),
+                            "cues.ranges": ";".join(f"{p}:{s}-{e}" for p, (s, e) in ranges.items()),
+                            "cues.commit": token}
+                # the version before the commit, so that the search for this commit's version
+                # covers every commit delta-rs may have rebased it over
                 before = dt.version()
                 dt.create_write_transaction(
-                    actions, mode="append", schema=queue.table_schema, partition_by=[PARTITION],
+                    actions, mode="append", schema=queue.table_schema,
+                    partition_by=queue.partition_columns,
                     commit_properties=CommitProperties(app_transactions=txns,
                                                        custom_metadata=metadata,
                                                        max_commit_retries=REBASE_RETRIES),
                     post_commithook_properties=COMMIT_HOOKS)
-                version = _committed_version(queue, dt, before, metadata["cues.commit"])
+                version = _committed_version(queue, dt, before, token)
         except CommitFailedError:
             # Step 5 (the back-off sleeps outside the lock)
             time.sleep(delay * (0.5 + random.random()))
@@ -316,6 +353,20 @@ def commit_files(
     raise ConcurrentAppendError(
         f"queue {queue.name!r}: gave up committing written files after {max_attempts} attempts; "
         "retry later", queue=queue.name, partitions=sorted(parts))
+
+
+def _add_actions(queue: QueueHandle, parts: Mapping[str, WrittenPart],
+                 ranges: Mapping[str, tuple[int, int]], at_ms: int) -> list[AddAction]:
+    """Step 4's add actions: in a queue with based offsets each carries its ``_base`` (0 for a
+    file of absolute offsets; ``based.assign_bases`` from the partition's ``start`` otherwise)."""
+    actions = []
+    for p, w in sorted(parts.items()):
+        bases = (assign_bases(ranges[p][0], [f.rows for f in w.files]) if w.based
+                 else [0] * len(w.files))
+        for f, base in zip(w.files, bases, strict=True):
+            values = {PARTITION: p, BASE: str(base)} if queue.based else {PARTITION: p}
+            actions.append(AddAction(f.path, f.size, values, at_ms, True, f.stats))
+    return actions
 
 
 def _committed_version(queue: QueueHandle, dt: DeltaTable, before: int, token: str) -> int | None:

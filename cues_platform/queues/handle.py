@@ -56,11 +56,17 @@ from cues_platform.queues.integrity import (
     check_commits,
     find_inconsistencies,
 )
-from cues_platform.queues.layout import MAX_ROWS_KEY, PARTITIONS_KEY, START
+from cues_platform.queues.layout import (
+    FORMAT_KEY,
+    MAX_ROWS_KEY,
+    PARTITIONS_KEY,
+    START,
+    OffsetLayout,
+)
 from cues_platform.queues.layout import PARTITION as PARTITION_ID
 from cues_platform.queues.location import LakeLocation, partition_names
 from cues_platform.queues.names import validate_name, validate_partition, validate_processor_id
-from cues_platform.queues.schema import OFFSET, PARTITION, payload_schema_of
+from cues_platform.queues.schema import BASE, OFFSET, PARTITION, payload_schema_of
 from cues_platform.queues.snapshot_cache import SnapshotCache
 from cues_platform.queues.writer_lock import lock_path
 
@@ -75,10 +81,11 @@ class FileInfo:
 
     path: str
     partition: str
-    min_offset: int
+    min_offset: int  # absolute: base + the file's smallest _offset
     max_offset: int
     rows: int
     txn_rows: int  # rows that belong to a producer transaction (non-null _txn_id)
+    base: int = 0  # what the file's _offset values are relative to (OffsetLayout.BASED)
 
 
 class QueueHandle:
@@ -122,8 +129,22 @@ class QueueHandle:
             )
         self.partitions: tuple[str, ...] = tuple(json.loads(config[PARTITIONS_KEY]))
         self.max_batch_rows = int(config.get(MAX_ROWS_KEY, "5000000"))
+        # the Delta table's schema (with ``_base`` for based offsets: what writers write)
         self.table_schema: pa.Schema = pa.schema(self._dt.schema())
         self.payload_schema: pa.Schema = payload_schema_of(self.table_schema)
+        version = config.get(FORMAT_KEY, "1")
+        self.based = BASE in self._dt.metadata().partition_columns
+        if version not in ("1", "2") or (version == "2") != self.based:
+            raise QueueError(
+                f"queue {self.name!r} at {self.uri} has format {version!r}"
+                f"{' with' if self.based else ' without'} a {BASE} partition column: this version "
+                "of cues_platform reads formats '1' (absolute offsets) and '2' (based offsets, "
+                f"partitioned by {PARTITION} and {BASE}); upgrade cues_platform to read it",
+                queue=self.name, format=version)
+        self.offset_layout = OffsetLayout.BASED if self.based else OffsetLayout.ABSOLUTE
+        self.partition_columns: list[str] = [PARTITION, BASE] if self.based else [PARTITION]
+        # what every read returns: offsets absolute, no ``_base`` column
+        self.read_schema: pa.Schema = pa.schema([f for f in self.table_schema if f.name != BASE])
 
     # -- snapshot ----------------------------------------------------------------------------------
     def refresh(self) -> DeltaTable:
@@ -422,27 +443,38 @@ class QueueHandle:
         part_col = f"partition.{PARTITION}"
         if partition is not None:
             actions = actions.filter(pc.equal(actions[part_col], partition))
+        base_col = f"partition.{BASE}"
+        bases = actions[base_col] if base_col in actions.column_names else pa.nulls(actions.num_rows, pa.int64())
+        bases = pc.fill_null(bases.cast(pa.int64()), 0)
+        lows = pc.add(actions[f"min.{OFFSET}"], bases)  # absolute offsets (based.py)
+        highs = pc.add(actions[f"max.{OFFSET}"], bases)
+        keep = None
         if start is not None:
-            actions = actions.filter(pc.greater_equal(actions[f"max.{OFFSET}"], start))
+            keep = pc.greater_equal(highs, start)
         if end is not None:
-            actions = actions.filter(pc.less(actions[f"min.{OFFSET}"], end))
+            below = pc.less(lows, end)
+            keep = below if keep is None else pc.and_(keep, below)
+        if keep is not None:
+            actions, bases, lows, highs = (actions.filter(keep), bases.filter(keep),
+                                           lows.filter(keep), highs.filter(keep))
         txn_nulls = (
             actions["null_count._txn_id"].to_pylist()
             if "null_count._txn_id" in actions.column_names
             else [None] * actions.num_rows
         )
         out = []
-        for path, part, lo, hi, rows, nulls in zip(
+        for path, part, lo, hi, rows, nulls, base in zip(
             actions["path"].to_pylist(),
             actions[part_col].to_pylist(),
-            actions[f"min.{OFFSET}"].to_pylist(),
-            actions[f"max.{OFFSET}"].to_pylist(),
+            lows.to_pylist(),
+            highs.to_pylist(),
             actions["num_records"].to_pylist(),
             txn_nulls,
+            bases.to_pylist(),
             strict=True,
         ):
             txn_rows = rows if nulls is None else rows - nulls
-            out.append(FileInfo(path, part, int(lo), int(hi), int(rows), int(txn_rows)))
+            out.append(FileInfo(path, part, int(lo), int(hi), int(rows), int(txn_rows), int(base)))
         return out
 
     def count(self) -> int:

@@ -36,7 +36,7 @@ from deltalake import DeltaTable
 from cues_platform.queues.errors import LogIntegrityError
 from cues_platform.queues.layout import PARTITION as PARTITION_ID
 from cues_platform.queues.layout import RANGES_KEY, RETENTION_KEY, START
-from cues_platform.queues.schema import OFFSET, PARTITION
+from cues_platform.queues.schema import BASE, OFFSET, PARTITION
 
 LOG_DIR = "_delta_log"
 REPAIR_HINT = (
@@ -339,11 +339,14 @@ def _check_ranges(ranges: dict[str, tuple[int, int]], adds: list[dict[str, Any]]
     rows: dict[str, int] = {}
     bounds: dict[str, tuple[int, int]] = {}
     for add in adds:
-        part = (add.get("partitionValues") or {}).get(PARTITION)
+        values = add.get("partitionValues") or {}
+        part = values.get(PARTITION)
+        base = int(values.get(BASE) or 0)  # based offsets (based.py): the file's _base
         stats = json.loads(add["stats"]) if isinstance(add.get("stats"), str) else {}
         rows[part] = rows.get(part, 0) + int(stats.get("numRecords", 0))
         lo, hi = (stats.get("minValues") or {}).get(OFFSET), (stats.get("maxValues") or {}).get(OFFSET)
         if lo is not None and hi is not None:
+            lo, hi = int(lo) + base, int(hi) + base
             old = bounds.get(part, (lo, hi))
             bounds[part] = (min(old[0], lo), max(old[1], hi))
     out = []
@@ -614,6 +617,9 @@ def _statistics(queue: str, dt: DeltaTable, partitions: Iterable[str]) -> list[I
         parts = adds[part_col].to_pylist()
         rows = adds["num_records"].to_pylist()
         maxes = adds[max_col].to_pylist() if max_col in names else [None] * len(parts)
+        if f"partition.{BASE}" in names:  # based offsets (based.py): the file's _base
+            maxes = [m if m is None else m + int(b or 0)
+                     for m, b in zip(maxes, adds[f"partition.{BASE}"].to_pylist(), strict=True)]
         for p, n, m in zip(parts, rows, maxes, strict=True):
             count, top = files.get(p, (0, None))
             files[p] = (count + int(n or 0), top if m is None else max(m, top if top is not None else m))

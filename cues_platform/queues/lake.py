@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from cues_platform.queues.errors import QueueExistsError
+from cues_platform.queues.layout import OffsetLayout
 from cues_platform.queues.location import DEFAULT_MAX_BATCH_ROWS, LakeLocation
 from cues_platform.queues.queue import Queue
 
@@ -41,16 +42,19 @@ class Lake(LakeLocation):
         exist_ok: bool = False,
         uri: str | None = None,
         properties: Mapping[str, str] | None = None,
+        offset_layout: OffsetLayout = OffsetLayout.ABSOLUTE,
     ) -> Queue:
         """Create a queue (an empty Delta table) and return its handle.
 
         With ``exist_ok`` an existing queue of the same payload schema is returned; a different
         schema raises :class:`QueueExistsError` rather than silently mixing contracts.
         ``properties`` are extra Delta table properties set at creation (``delta.*`` only).
+        ``offset_layout`` (:class:`~cues_platform.queues.layout.OffsetLayout`) is fixed at
+        creation; an existing queue keeps its own.
         """
         table = self.create_queue_table(
             name, schema=schema, partitions=partitions, max_batch_rows=max_batch_rows,
-            description=description, uri=uri, properties=properties)
+            description=description, uri=uri, properties=properties, offset_layout=offset_layout)
         existing = self.queue(name, uri=table.uri)
         if table.created:
             return existing

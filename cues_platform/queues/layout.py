@@ -18,6 +18,7 @@ which. Every other id lives as long as its table.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from deltalake import PostCommitHookProperties
 
@@ -26,7 +27,27 @@ from cues_platform.queues.schema import APPEND_TIME, OFFSET, TXN_ID
 # -- table properties ---------------------------------------------------------------------------
 PARTITIONS_KEY = "cues.partitions"  # the queue's declared partitions (JSON list)
 MAX_ROWS_KEY = "cues.maxBatchRows"  # the largest batch one append may hold
-FORMAT_KEY = "cues.format"  # the queue layout's version ("1")
+FORMAT_KEY = "cues.format"  # the queue layout's version: "1" absolute offsets, "2" based
+
+
+class OffsetLayout(StrEnum):
+    """How a queue's data files hold their rows' offsets (chosen when the queue is created).
+
+    ``absolute`` (format "1", the default): each row's ``_offset`` is its offset; the table is
+    partitioned by ``_partition``. ``based`` (format "2"): the table has a second partition column
+    ``_base`` and a row's offset is ``_base + _offset``. Files the driver writes have ``_base = 0``
+    (absolute offsets); files Spark's executors write in ONE job hold each row's index in its file
+    and get their base when the step commits (``queues/based.py``), so a large step runs its plan
+    once and no row crosses the driver. Every reader of the platform returns absolute offsets
+    either way; another Delta reader sees ``_base`` beside ``_offset`` and must add them."""
+
+    ABSOLUTE = "absolute"
+    BASED = "based"
+
+    @property
+    def format_version(self) -> str:
+        return "2" if self is OffsetLayout.BASED else "1"
+
 RETENTION_MS_KEY = "cues.retention.ms"  # retention by age (queues/retention.py); -1 = keep
 RETENTION_BYTES_KEY = "cues.retention.bytes"  # retention by size; -1 = keep
 # File statistics only where the queue layer prunes by them (delta.dataSkippingStatsColumns):

@@ -50,9 +50,11 @@ from cues_platform.queues.layout import (
     PARTITIONS_KEY,
     QUEUE_TOMBSTONE_PROPERTY,
     STATS_COLUMNS,
+    OffsetLayout,
 )
 from cues_platform.queues.names import join_uri, validate_name, validate_partition
 from cues_platform.queues.schema import (
+    BASE,
     PARTITION,
     full_schema,
     validate_payload_schema,
@@ -129,15 +131,21 @@ class LakeLocation:
         description: str = "",
         uri: str | None = None,
         properties: Mapping[str, str] | None = None,
+        offset_layout: OffsetLayout = OffsetLayout.ABSOLUTE,
     ) -> QueueTable:
         """Create a queue's table (an empty Delta table) unless one is at its place already.
 
         Returns where it is and whether this call created it; an existing table is the caller's
         to check (``Lake.create_queue`` reuses it only with ``exist_ok`` and the same payload
         schema). ``properties`` are extra Delta table properties set at creation (``delta.*``
-        only).
+        only). ``offset_layout``: how the data files hold offsets (:class:`OffsetLayout`).
         """
         uri = uri or self.queue_uri(name)
+        if not isinstance(offset_layout, OffsetLayout):
+            raise ConfigurationError(
+                f"queue {name!r}: offset_layout must be an OffsetLayout (absolute or based), got "
+                f"{offset_layout!r}", queue=name)
+        based = offset_layout is OffsetLayout.BASED
         payload = validate_payload_schema(schema, queue=name)
         parts = partition_names(partitions, where=f"create_queue({name!r})")
         if not parts or len(set(parts)) != len(parts):
@@ -154,15 +162,15 @@ class LakeLocation:
             created = create_table_once(
                 self,
                 uri,
-                full_schema(payload),
+                full_schema(payload, based=based),
                 what=f"queue {name!r}",
-                partition_by=[PARTITION],
+                partition_by=[PARTITION, BASE] if based else [PARTITION],
                 name=name,
                 description=description or None,
                 configuration={
                     PARTITIONS_KEY: json.dumps(parts),
                     MAX_ROWS_KEY: str(max_batch_rows),
-                    FORMAT_KEY: "1",
+                    FORMAT_KEY: offset_layout.format_version,
                     "delta.checkpointInterval": "100",
                     **NO_LOG_CLEANUP_PROPERTY,  # log cleanup is maintenance's (see COMMIT_HOOKS)
                     # tombstones kept exactly as long as vacuum's retention (maintenance.py)

@@ -14,6 +14,7 @@ resolve_statuses``: a fenced coordinator decision), so a reader waits at most it
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -22,10 +23,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from cues_platform.queues.based import bases_by_name, spark_offset
 from cues_platform.queues.coordinator import TxnStatus, resolve_statuses
 from cues_platform.queues.errors import OffsetOutOfRangeError
 from cues_platform.queues.names import join_uri, validate_partition
 from cues_platform.queues.schema import (
+    BASE,
     OFFSET,
     PARTITION,
     TXN_ID,
@@ -147,12 +150,8 @@ def check_range(
 def _stable_range(
     queue: QueueHandle, dt: Any, files: list[FileInfo], start: int, stop: int
 ) -> tuple[int, tuple[str, ...]]:
-    rows = _dataset(queue, files).to_table(
-        columns=[OFFSET, TXN_ID],
-        filter=(pc.field(OFFSET) >= start)
-        & (pc.field(OFFSET) < stop)
-        & pc.field(TXN_ID).is_valid(),
-    )
+    rows = read_files(queue, files, start=start, end=stop, columns=[OFFSET, TXN_ID],
+                      where=pc.field(TXN_ID).is_valid())
     txns = sorted(set(rows[TXN_ID].to_pylist()))
     statuses = resolve_statuses(queue, dt, txns)  # aborts those past their deadline
     hidden = tuple(t for t in txns if statuses[t] is TxnStatus.ABORTED)
@@ -184,19 +183,48 @@ def _dataset(
 
 
 def _payload_and_meta_schema(queue: QueueHandle) -> pa.Schema:
-    return pa.schema([f for f in queue.table_schema if f.name != PARTITION])
+    """The columns a data file holds (the partition columns are in the Delta log, not the file)."""
+    return pa.schema([f for f in queue.table_schema if f.name not in (PARTITION, BASE)])
+
+
+def read_files(
+    queue: QueueHandle, files: Sequence[FileInfo], *, start: int, end: int,
+    columns: list[str] | None = None, where: Any = None,
+) -> pa.Table:
+    """The rows of ``files`` with absolute offsets in ``[start, end)`` (and ``where``), columns
+    ``columns`` (None: every column the files hold), unordered. Files of one base are read as one
+    dataset with the range shifted by their base (``based.py``), then their offsets made
+    absolute (sort by ``_offset`` where order matters)."""
+    schema = _payload_and_meta_schema(queue)
+    wanted = schema.names if columns is None else columns
+    by_base: dict[int, list[FileInfo]] = {}
+    for f in files:
+        by_base.setdefault(f.base, []).append(f)
+    parts = []
+    for base, group in sorted(by_base.items()):
+        whole = all(start <= f.min_offset and f.max_offset < end for f in group)
+        expr = pc.scalar(True) if whole else (
+            (pc.field(OFFSET) >= start - base) & (pc.field(OFFSET) < end - base))
+        if where is not None:
+            expr &= where
+        table = _dataset(queue, group, schema).to_table(columns=wanted, filter=expr)
+        if base and OFFSET in table.column_names:
+            at = table.column_names.index(OFFSET)
+            table = table.set_column(at, table.schema.field(OFFSET), pc.add(table[OFFSET], base))
+        parts.append(table)
+    if not parts:
+        return schema.empty_table().select(wanted)
+    return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
 
 
 def execute_arrow(queue: QueueHandle, plan: ReadPlan, *, columns: list[str] | None = None) -> pa.Table:
-    schema = queue.table_schema
+    schema = queue.read_schema
     if plan.empty or not plan.files:
         return schema.empty_table() if columns is None else schema.empty_table().select(columns)
-    expr = pc.scalar(True) if plan.whole_files else (
-        (pc.field(OFFSET) >= plan.start) & (pc.field(OFFSET) < plan.end))
+    where = None
     if plan.hidden_txns:
-        expr &= ~pc.field(TXN_ID).isin(list(plan.hidden_txns)) | pc.field(TXN_ID).is_null()
-    dataset = _dataset(queue, plan.files, _payload_and_meta_schema(queue))
-    table = dataset.to_table(filter=expr).sort_by(OFFSET)
+        where = ~pc.field(TXN_ID).isin(list(plan.hidden_txns)) | pc.field(TXN_ID).is_null()
+    table = read_files(queue, plan.files, start=plan.start, end=plan.end, where=where).sort_by(OFFSET)
     table = table.append_column(
         pa.field(PARTITION, pa.string(), nullable=False),
         pa.repeat(plan.partition, table.num_rows).cast(pa.string()),
@@ -219,7 +247,7 @@ def read_arrow(
     that fit comfortably in driver memory."""
     call = "Queue.read_arrow"
     if columns is not None:
-        names = queue.table_schema.names
+        names = queue.read_schema.names
         if (isinstance(columns, str) or not isinstance(columns, list | tuple)
                 or not all(isinstance(c, str) and c in names for c in columns)):
             unknown = ([c for c in columns if not isinstance(c, str) or c not in names]
@@ -242,11 +270,14 @@ def execute_spark(queue: QueueHandle, spark: Any, plan: ReadPlan) -> Any:
     # ~70 ms on two loaded cores): there the filter and the projection are SQL text, two calls
     # (~40 ms). Spark Connect builds Column plans locally, so it keeps the Column API.
     connect = type(spark).__module__.startswith("pyspark.sql.connect")
+    bases = bases_by_name(plan.files)
     if plan.empty or not plan.files:
         frame = spark.createDataFrame([], physical)
     else:
         uris = [join_uri(queue.uri, f.path) for f in plan.files]
         frame = spark.read.schema(physical).parquet(*uris)
+        if bases:  # files with based offsets (based.py): absolute offsets first, then the range
+            frame = frame.withColumn(OFFSET, spark_offset(bases))
         if plan.whole_files:
             pass  # every row of these files is in the range
         elif connect:
@@ -258,10 +289,10 @@ def execute_spark(queue: QueueHandle, spark: Any, plan: ReadPlan) -> Any:
                 F.col(TXN_ID).isNull() | ~F.col(TXN_ID).isin(list(plan.hidden_txns))
             )
     if connect:
-        return frame.withColumn(PARTITION, F.lit(plan.partition)).select(*queue.table_schema.names)
+        return frame.withColumn(PARTITION, F.lit(plan.partition)).select(*queue.read_schema.names)
     partition = validate_partition(plan.partition)  # letters, digits, '_', '-', '.': a safe literal
     return frame.selectExpr(*(f"'{partition}' AS {_quoted(n)}" if n == PARTITION else _quoted(n)
-                              for n in queue.table_schema.names))
+                              for n in queue.read_schema.names))
 
 
 def _quoted(column: str) -> str:

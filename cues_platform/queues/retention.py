@@ -31,6 +31,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, Transaction
 from deltalake.exceptions import CommitFailedError
@@ -45,8 +46,8 @@ from cues_platform.queues.layout import (
     RETENTION_MS_KEY,
     START,
 )
-from cues_platform.queues.reader import _dataset
-from cues_platform.queues.schema import APPEND_TIME, OFFSET, PARTITION
+from cues_platform.queues.reader import read_files
+from cues_platform.queues.schema import APPEND_TIME, BASE, OFFSET, PARTITION
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -136,9 +137,7 @@ def _time_cut(queue: QueueHandle, dt: DeltaTable, partition: str, *, start: int,
     files = queue.files(partition=partition, snapshot=dt, start=start, end=end)
     if not files:
         return start
-    rows = _dataset(queue, files).to_table(
-        columns=[OFFSET, APPEND_TIME],
-        filter=(pc.field(OFFSET) >= start) & (pc.field(OFFSET) < end))
+    rows = read_files(queue, files, start=start, end=end, columns=[OFFSET, APPEND_TIME])
     young = rows.filter(pc.greater_equal(pc.cast(rows[APPEND_TIME], "int64"), before_ms * 1000))
     return end if young.num_rows == 0 else int(pc.min(young[OFFSET]).as_py())
 
@@ -151,8 +150,10 @@ def _size_cut(queue: QueueHandle, dt: DeltaTable, partition: str, *, start: int,
     if actions.num_rows == 0:
         return start
     actions = actions.filter(pc.equal(actions[f"partition.{PARTITION}"], partition))
-    files = sorted(zip(actions[f"max.{OFFSET}"].to_pylist(), actions["size_bytes"].to_pylist(),
-                       strict=True))
+    highs = actions[f"max.{OFFSET}"]
+    if f"partition.{BASE}" in actions.column_names:  # based offsets (based.py)
+        highs = pc.add(highs, pc.fill_null(actions[f"partition.{BASE}"], 0).cast(pa.int64()))
+    files = sorted(zip(highs.to_pylist(), actions["size_bytes"].to_pylist(), strict=True))
     total, cut = sum(size for _, size in files), start
     for last, size in files:
         if total <= max_bytes:
@@ -209,7 +210,9 @@ def delete_below(queue: QueueHandle, wanted: dict[str, int]) -> list[Deleted]:
                 moves[p] = (first, int(cut))
         if not moves:
             return []
-        predicate = " OR ".join(f"({PARTITION} = '{p}' AND {OFFSET} < {cut})"
+        # a row's offset is _base + _offset in a queue with based offsets (based.py)
+        offset = f"({BASE} + {OFFSET})" if queue.based else OFFSET
+        predicate = " OR ".join(f"({PARTITION} = '{p}' AND {offset} < {cut})"
                                 for p, (_, cut) in sorted(moves.items()))
         props = CommitProperties(
             app_transactions=[Transaction(START.id(p), cut) for p, (_, cut) in moves.items()],

@@ -32,6 +32,11 @@ DELIVERY_HASH = "_delivery_hash"
 MESSAGE_TYPE = "_message_type"
 APPEND_TIME = "_append_time"
 TXN_ID = "_txn_id"
+# The second partition column of a queue with based offsets (``OffsetLayout.BASED``): the base
+# its file's ``_offset`` values are relative to (0 for files with absolute offsets). Never in a
+# read's result: readers return ``_base + _offset`` as ``_offset`` (``queues/based.py``).
+BASE = "_base"
+BASE_FIELD = pa.field(BASE, pa.int64(), nullable=False)
 
 METADATA_FIELDS: tuple[pa.Field, ...] = (
     pa.field(PARTITION, pa.string(), nullable=False),
@@ -43,7 +48,7 @@ METADATA_FIELDS: tuple[pa.Field, ...] = (
     pa.field(APPEND_TIME, pa.timestamp("us", tz="UTC"), nullable=False),
     pa.field(TXN_ID, pa.string(), nullable=True),
 )
-RESERVED = frozenset(f.name for f in METADATA_FIELDS)
+RESERVED = frozenset(f.name for f in METADATA_FIELDS) | {BASE}
 DEFAULT_MESSAGE_TYPE = "message"
 
 
@@ -71,9 +76,10 @@ def validate_payload_schema(schema: pa.Schema, *, queue: str) -> pa.Schema:
     return schema
 
 
-def full_schema(payload: pa.Schema) -> pa.Schema:
-    """The Delta table schema: payload columns first, then the metadata columns."""
-    return pa.schema([*payload, *METADATA_FIELDS])
+def full_schema(payload: pa.Schema, *, based: bool = False) -> pa.Schema:
+    """The Delta table schema: payload columns first, then the metadata columns (and ``_base``
+    last for a queue with based offsets)."""
+    return pa.schema([*payload, *METADATA_FIELDS, *([BASE_FIELD] if based else [])])
 
 
 def payload_schema_of(table_schema: pa.Schema) -> pa.Schema:

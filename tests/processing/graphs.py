@@ -43,6 +43,7 @@ from cues_platform.processing import (
     Kind,
     Options,
     Out,
+    OutputWriter,
     Processor,
     QueueDef,
     ReadAs,
@@ -51,7 +52,7 @@ from cues_platform.processing import (
     Strategy,
 )
 from cues_platform.processing.history import processor_history
-from cues_platform.queues import Lake
+from cues_platform.queues import Lake, OffsetLayout
 from tests.support import PAYLOAD, rows
 
 KINDS = ("map", "join", "alts", "fork", "sink")
@@ -125,11 +126,13 @@ def make_fn(kind: str, outcome: str, *, batch: int = BATCH,
 
 def build_graph(kind: str, outcome: str = "output", *, batch: int = BATCH, error_queue: bool = True,
                 strategy: Strategy = Strategy.EXACTLY_ONCE, fn: Callable[..., Any] | None = None,
-                name: str = "g", read_as: ReadAs = ReadAs.SPARK) -> Graph:
-    queues = [QueueDef("a", PAYLOAD), QueueDef("b", PAYLOAD), QueueDef("c", PAYLOAD),
-              QueueDef("d", PAYLOAD)]
+                name: str = "g", read_as: ReadAs = ReadAs.SPARK,
+                writer: OutputWriter = OutputWriter.AUTO,
+                offset_layout: OffsetLayout = OffsetLayout.ABSOLUTE) -> Graph:
+    """``offset_layout``: how every queue of the graph holds offsets (queues/based.py)."""
+    queues = [QueueDef(n, PAYLOAD, offset_layout=offset_layout) for n in ("a", "b", "c", "d")]
     if error_queue:
-        queues.append(QueueDef("errors", ERROR_SCHEMA))
+        queues.append(QueueDef("errors", ERROR_SCHEMA, offset_layout=offset_layout))
     fn = fn or make_fn(kind, outcome, batch=batch)
     k = Kind(kind)
     inputs: dict[str, In] = {"src": In("a")}
@@ -142,9 +145,19 @@ def build_graph(kind: str, outcome: str = "output", *, batch: int = BATCH, error
         outputs = {}
     proc = Processor(PID, k, fn, inputs, outputs,
                      options=Options(batch_size=batch, max_batch_size=batch, strategy=strategy,
-                                     read_as=read_as))
+                                     read_as=read_as, output_writer=writer))
     return Graph.build(name=name, queues=queues, processors=[proc],
                        error_queue="errors" if error_queue else None)
+
+
+def variant_options(variant: str = "") -> dict[str, Any]:
+    """``build_graph`` options by name: "" the defaults; "based-executors": every queue with
+    based offsets and the output written by Spark's executors in one job (queues/based.py)."""
+    if variant == "based-executors":
+        return {"writer": OutputWriter.EXECUTORS, "offset_layout": OffsetLayout.BASED}
+    if variant:  # pragma: no cover - a typo in a test
+        raise ValueError(variant)
+    return {}
 
 
 LANE_SHIFT = 1_000  # ids of partition "x" of the lanes graph: the same rows, shifted
@@ -350,10 +363,12 @@ CHILD = """
 import sys
 from cues_platform.processing import GraphRunner
 from cues_platform.queues import Lake
-from tests.processing.graphs import CrashAt, build_graph
+from tests.processing.graphs import CrashAt, build_graph, variant_options
 root, kind, outcome, point, occurrence = sys.argv[1:6]
+variant = sys.argv[6] if len(sys.argv) > 6 else ""
 lake = Lake(root=root)
-runner = GraphRunner(graph=build_graph(kind, outcome), lake=lake, hook=CrashAt(point, int(occurrence), "kill"))
+runner = GraphRunner(graph=build_graph(kind, outcome, **variant_options(variant)), lake=lake,
+                     hook=CrashAt(point, int(occurrence), "kill"))
 runner.run_until_idle()
 print("NOT KILLED")
 """

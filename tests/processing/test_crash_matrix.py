@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from cues_platform.audit import audit
 from cues_platform.processing import (
     BackingQueue,
     GraphRunner,
@@ -42,6 +43,7 @@ from tests.processing.graphs import (
     load_inputs,
     make_fn,
     random_fork_fn,
+    variant_options,
 )
 from tests.support import ROOT, soak_enabled
 
@@ -107,6 +109,27 @@ def test_crash_point_matrix(spark, lake, kind, outcome, point):
     again = GraphRunner(graph=graph, lake=lake, spark=spark).run_until_idle()
     assert all(r.recovered for r in again[PID].results)
     check_exact(lake, kind, outcome)
+
+
+# The same crash points when a step's output is written by Spark's executors in one job into a
+# queue with based offsets (queues/based.py): files written but not committed (after_prepare) are
+# orphans, the step is planned again; the commit assigns the bases atomically.
+BASED_MATRIX = [(k, p) for k, p in itertools.product(("map", "join", "alts"), STEP_POINTS)
+                if reached(k, "output", p) and in_this_run(k, p)]
+
+
+@pytest.mark.parametrize(("kind", "point"), BASED_MATRIX)
+def test_crash_point_matrix_with_executor_written_based_files(spark, lake, kind, point):
+    graph = build_graph(kind, "output", **variant_options("based-executors"))
+    crash_then_recover(spark, lake, graph, CrashAt(point, occurrence=2), kind)
+    GraphRunner(graph=graph, lake=lake, spark=spark).run_until_idle()
+    check_exact(lake, kind, "output")
+    home = lake.queue("b")
+    assert any(f.base for f in home.files()), "no file of the home queue has a base: not this path"
+    report = audit(lake)  # the independent reader: every offset once, every step once
+    assert report.ok, report.violations
+    GraphRunner(graph=graph, lake=lake, spark=spark).run_until_idle()
+    check_exact(lake, kind, "output")
 
 
 # -- crashes during recovery ---------------------------------------------------------------------
@@ -251,6 +274,10 @@ KILLS = {  # case -> (kind, outcome, point, occurrence)
     "sink": ("sink", "output", "after_function", 2),  # the side effect happened, the attempt did not
     # killed in the middle of isolating step 1's failing rows (its 5th call): nothing recorded
     "map-isolating": ("map", "error", "after_isolation_call", 5),
+    # Spark's executors wrote step 1's files into a queue with based offsets; no commit yet
+    "map-based-written": ("map", "output", "after_prepare", 2, "based-executors"),
+    # ... and the commit that assigned their bases is made
+    "map-based-committed": ("map", "output", "after_commit", 2, "based-executors"),
 }
 
 
@@ -261,16 +288,16 @@ def killed_children(request, tmp_path_factory):
     selected = {item.callspec.params["case"] for item in request.session.items
                 if item.module is request.module and item.originalname == "test_sigkill_child_then_recover"}
     children = {}
-    for case, (kind, outcome, point, occurrence) in KILLS.items():
+    for case, (kind, outcome, point, occurrence, *variant) in KILLS.items():
         if case not in selected:
             continue
         root = tmp_path_factory.mktemp(f"kill-{case}") / "lake"
         lake = Lake(root=str(root))
-        create_queues(build_graph(kind, outcome), lake)
+        create_queues(build_graph(kind, outcome, **variant_options(*variant)), lake)
         load_inputs(lake, kind)
         log = open(Path(str(root) + ".log"), "w")  # noqa: SIM115 - closed below
         proc = subprocess.Popen([sys.executable, "-c", CHILD, str(root), kind, outcome, point,
-                                 str(occurrence)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                 str(occurrence), *variant], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                 env={**os.environ, "PYTHONPATH": str(ROOT)})
         children[case] = (lake, proc, log)
     yield children
@@ -284,14 +311,14 @@ def killed_children(request, tmp_path_factory):
 @pytest.mark.parametrize("case", list(KILLS))
 def test_sigkill_child_then_recover(spark, killed_children, case):
     lake, proc, log = killed_children[case]
-    kind, outcome, point, _ = KILLS[case]
+    kind, outcome, point, _, *variant = KILLS[case]
     rc = proc.wait(timeout=300)
     log.flush()
     output = Path(log.name).read_text()
     assert rc == -signal.SIGKILL, f"child exited {rc}:\n{output[-3000:]}"
     assert "NOT KILLED" not in output
     last = BackingQueue(lake, PID).last_record()
-    graph = build_graph(kind, outcome)
+    graph = build_graph(kind, outcome, **variant_options(*variant))
     if point in ("after_attempt", "between_commits"):
         assert last.is_attempt and last.step == 1
     elif kind == "sink":
@@ -300,8 +327,11 @@ def test_sigkill_child_then_recover(spark, killed_children, case):
         assert last is None
         home = read_home(lake.queue("b"), graph.processors[PID])
         assert home.step == (1 if point == "after_commit" else 0)
-    GraphRunner(graph=build_graph(kind, outcome), lake=lake, spark=spark).run_until_idle()
+    GraphRunner(graph=graph, lake=lake, spark=spark).run_until_idle()
     check_exact(lake, kind, outcome)
+    if variant:  # the independent reader over the based files
+        report = audit(lake)
+        assert report.ok, report.violations
 
 
 def test_the_same_runner_recovers_before_stepping_again_after_a_failed_step(spark, lake):

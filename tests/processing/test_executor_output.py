@@ -12,6 +12,8 @@ from pyspark.sql import functions as F
 
 from cues_platform.audit import audit
 from cues_platform.processing import GraphRunner, OutputWriter, SimulatedCrash, Strategy
+from cues_platform.queues import OffsetLayout
+from cues_platform.queues.based import absolute
 from cues_platform.queues.schema import DELIVERY_HASH, OFFSET
 from tests.processing.graphs import PID, CrashAt, build_graph, ids_of, load_inputs
 from tests.support import rows
@@ -19,10 +21,15 @@ from tests.support import rows
 N = 30
 
 
-def with_writer(graph, writer: OutputWriter):
+LAYOUTS = pytest.mark.parametrize("layout", [OffsetLayout.ABSOLUTE, OffsetLayout.BASED])
+
+
+def with_writer(graph, writer: OutputWriter, layout: OffsetLayout = OffsetLayout.ABSOLUTE):
+    """``graph`` with ``writer`` and its queues created with ``layout`` (the error queue too)."""
     proc = graph.processors[PID]
     proc = replace(proc, options=replace(proc.options, output_writer=writer))
-    return type(graph).build(name=graph.name, queues=list(graph.queues.values()), processors=[proc],
+    queues = [replace(q, offset_layout=layout) for q in graph.queues.values()]
+    return type(graph).build(name=graph.name, queues=queues, processors=[proc],
                              error_queue=graph.error_queue)
 
 
@@ -32,12 +39,14 @@ def spark_written(lake, queue: str) -> list[bool]:
 
 
 def committed(lake, queue: str):
-    return lake.queue(queue).table.to_pyarrow_table().sort_by(OFFSET)
+    """The queue's rows read by delta-rs, offsets made absolute (``_base + _offset``)."""
+    return absolute(lake.queue(queue).table.to_pyarrow_table()).sort_by(OFFSET)
 
 
+@LAYOUTS
 @pytest.mark.parametrize("strategy", [Strategy.EXACTLY_ONCE, Strategy.AT_LEAST_ONCE])
-def test_executors_write_what_the_driver_would_with_dense_offsets(spark, lake, strategy) -> None:
-    graph = with_writer(build_graph("map", strategy=strategy), OutputWriter.EXECUTORS)
+def test_executors_write_what_the_driver_would_with_dense_offsets(spark, lake, strategy, layout) -> None:
+    graph = with_writer(build_graph("map", strategy=strategy), OutputWriter.EXECUTORS, layout)
     runner = GraphRunner(graph=graph, lake=lake, spark=spark)
     load_inputs(lake, "map", N)
     stats = runner.run_until_idle()[PID]
@@ -52,11 +61,14 @@ def test_executors_write_what_the_driver_would_with_dense_offsets(spark, lake, s
         assert report.ok, report.violations
 
 
-def test_a_writer_appending_between_write_and_commit_gets_its_offsets_and_the_step_is_rewritten(
-        spark, lake) -> None:
-    """The files carry offsets another writer took: the step's rows are appended again with new
-    ones (one commit, no gap, no repeat) and the files are left out of the snapshot."""
-    graph = with_writer(build_graph("map"), OutputWriter.EXECUTORS)
+@LAYOUTS
+def test_a_writer_appending_between_write_and_commit_gets_its_offsets_and_the_step_is_committed_after_it(
+        spark, lake, layout) -> None:
+    """Absolute offsets: the files carry offsets another writer took, so the step's rows are
+    appended again with new ones (one commit, no gap, no repeat) and the files are left out of
+    the snapshot. Based offsets: the same files are committed with bases after the intruder's
+    row (no rewrite)."""
+    graph = with_writer(build_graph("map"), OutputWriter.EXECUTORS, layout)
     intruded = []
 
     def intrude(point: str) -> None:
@@ -70,13 +82,15 @@ def test_a_writer_appending_between_write_and_commit_gets_its_offsets_and_the_st
     assert table[OFFSET].to_pylist() == list(range(N + 1))
     assert sorted(table["id"].to_pylist()) == sorted([1000] + [2 * i for i in range(N)])
     assert intruded[0].first_offset == 0
-    assert spark_written(lake, "b").count(False) == 2  # the intruder's file and the rewritten step
+    # absolute: the intruder's file and the rewritten step; based: the intruder's file only
+    assert spark_written(lake, "b").count(False) == (1 if layout is OffsetLayout.BASED else 2)
     report = audit(lake)  # only the intruder's row is outside the protocol; no step is doubled
     assert [(v.kind, v.queue, v.offsets) for v in report.violations] == [("no_delivery_hash", "b", (0, 1))]
 
 
-def test_a_crash_after_the_executors_wrote_delivers_once(spark, lake) -> None:
-    graph = with_writer(build_graph("map"), OutputWriter.EXECUTORS)
+@LAYOUTS
+def test_a_crash_after_the_executors_wrote_delivers_once(spark, lake, layout) -> None:
+    graph = with_writer(build_graph("map"), OutputWriter.EXECUTORS, layout)
     load_inputs_runner = GraphRunner(graph=graph, lake=lake, spark=spark,
                                      hook=CrashAt("after_prepare", 2))
     load_inputs(lake, "map", N)
@@ -102,13 +116,14 @@ def test_other_column_types_fall_back_to_the_driver_which_converts_them(spark, l
     assert not any(spark_written(lake, "b"))
 
 
+@LAYOUTS
 @pytest.mark.parametrize("writer", [OutputWriter.EXECUTORS, OutputWriter.DRIVER])
-def test_nulls_in_a_required_column_are_the_same_contract_break_either_way(spark, lake, writer) -> None:
+def test_nulls_in_a_required_column_are_the_same_contract_break_either_way(spark, lake, writer, layout) -> None:
     def fn(ctx, src):
         return src.select(F.when(F.col("id") == 13, None).otherwise(F.col("id")).alias("id"),
                           F.col("note"))
 
-    graph = with_writer(build_graph("map", fn=fn), writer)
+    graph = with_writer(build_graph("map", fn=fn), writer, layout)
     runner = GraphRunner(graph=graph, lake=lake, spark=spark)
     load_inputs(lake, "map", N)
     runner.run_until_idle()

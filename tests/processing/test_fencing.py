@@ -6,7 +6,6 @@ are checked exactly)."""
 from __future__ import annotations
 
 import threading
-from dataclasses import replace
 
 import pytest
 
@@ -18,7 +17,14 @@ from cues_platform.processing import (
     SimulatedCrash,
 )
 from cues_platform.processing.home import read_home
-from tests.processing.graphs import PID, CrashAt, build_graph, check_exact, load_inputs
+from tests.processing.graphs import (
+    PID,
+    CrashAt,
+    build_graph,
+    check_exact,
+    load_inputs,
+    variant_options,
+)
 from tests.support import rows
 
 
@@ -188,7 +194,7 @@ def test_fenced_instance_preparing_cannot_change_the_newer_attempts_outputs(spar
     assert len(left) == 30 and left == right
 
 
-@pytest.mark.parametrize("writer", [OutputWriter.DRIVER, OutputWriter.EXECUTORS])
+@pytest.mark.parametrize("writer", [OutputWriter.DRIVER, OutputWriter.EXECUTORS, "executors-based"])
 def test_a_zombie_commit_racing_the_fence_is_refused(spark, lake, monkeypatch, writer):
     """The race itself: the older instance's home commit of step 1 has passed its epoch check when
     the newer instance fences the home queue. Both commits carry the app transaction
@@ -196,11 +202,10 @@ def test_a_zombie_commit_racing_the_fence_is_refused(spark, lake, monkeypatch, w
     new epoch and raises ProcessorFencedError without writing. The newer one delivers step 1."""
     from cues_platform.processing import home as home_module
 
-    graph = build_graph("map")
-    proc = graph.processors[PID]
-    graph = type(graph).build(
-        name=graph.name, queues=list(graph.queues.values()), error_queue=graph.error_queue,
-        processors=[replace(proc, options=replace(proc.options, output_writer=writer))])
+    if writer == "executors-based":  # one Spark job, bases assigned by the (refused) commit
+        graph = build_graph("map", **variant_options("based-executors"))
+    else:
+        graph = build_graph("map", writer=writer)
     real_guard = home_module.home_guard
     newer: list[GraphRunner] = []
 
