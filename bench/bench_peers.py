@@ -29,9 +29,16 @@ steps run :func:`price_arrow`, checked to give the same rows:
 - ``cues_exactly_once`` / ``cues_at_least_once`` / ``cues_at_most_once``: one MAP processor,
   ``batch_size = rows / 10`` (10 steps), input queue filled with the same 10 chunks;
 - ``cues_exactly_once_default``: the same MAP with default ``Options`` (the backlog target);
+  ``cues_exactly_once_default_absolute``: the same into a queue with absolute offsets;
 - ``cues_exactly_once_executors``: the 10 steps with ``OutputWriter.EXECUTORS`` (Spark writes
-  the output files, the driver commits them by reference). The other cues contenders use the
-  default ``OutputWriter.AUTO``, which writes steps of up to 1M input rows on the driver.
+  the output files in one job, the driver commits them by reference). The other cues contenders
+  use the default ``OutputWriter.AUTO``.
+
+Every cues contender writes to the queue ``priced``, created with based offsets
+(``OffsetLayout.BASED``: the executors write a step in ONE Spark job and its commit assigns the
+offsets, ``queues/based.py``), except ``cues_exactly_once_default_absolute`` (``priced_absolute``,
+absolute offsets: ``auto`` writes a step of up to 1M input rows on the driver there). The input
+queue ``postings`` is filled by driver appends (absolute offsets).
 
 Every contender is warmed up once (untimed), then ``--rounds`` rounds run every contender once,
 the order rotated by one each round (no contender is always first). Times are medians; ratios are
@@ -93,7 +100,11 @@ from cues_platform.processing import (  # noqa: E402
     Strategy,
 )
 from cues_platform.processing.runner import create_queues  # noqa: E402
-from cues_platform.queues import Lake  # noqa: E402
+from cues_platform.queues import Lake, OffsetLayout  # noqa: E402
+
+# The output queue of every cues contender: "priced" with based offsets (the executors' one-job
+# write, queues/based.py), "priced_absolute" with absolute ones (the layout every queue had before)
+OUTPUT = {OffsetLayout.BASED: "priced", OffsetLayout.ABSOLUTE: "priced_absolute"}
 
 CHUNKS = 10  # input files / micro-batches / cues steps
 SMALL_STEPS = 20  # the small-step workload: this many chunks of --small-rows (issue 26)
@@ -228,7 +239,8 @@ class Jobs:
 
 # -- contenders ------------------------------------------------------------------------------------
 def cues_graph(strategy: Strategy, batch: int | None, *, fx: Any,
-               writer: OutputWriter = OutputWriter.AUTO, read_as: ReadAs = ReadAs.SPARK) -> Graph:
+               writer: OutputWriter = OutputWriter.AUTO, read_as: ReadAs = ReadAs.SPARK,
+               layout: OffsetLayout = OffsetLayout.BASED) -> Graph:
     def fn(ctx: Any, postings: Any) -> Any:
         return price(postings, fx)
 
@@ -240,9 +252,11 @@ def cues_graph(strategy: Strategy, batch: int | None, *, fx: Any,
             else Options(batch_size=batch, max_batch_size=batch, strategy=strategy, output_writer=writer,
                          read_as=read_as))
     fn = fn_arrow if read_as is ReadAs.ARROW else fn
-    return Graph.build(name="peers", queues=[QueueDef("postings", POSTINGS), QueueDef("priced", PRICED)],
+    queues = [QueueDef("postings", POSTINGS),
+              *[QueueDef(name, PRICED, offset_layout=lay) for lay, name in OUTPUT.items()]]
+    return Graph.build(name="peers", queues=queues,
                        processors=[Processor("price", Kind.MAP, fn, {"postings": In("postings")},
-                                             {"out": Out("priced")}, options=opts)])
+                                             {"out": Out(OUTPUT[layout])}, options=opts)])
 
 
 @dataclass
@@ -300,7 +314,7 @@ def run_spark_streaming(*, one_file_per_trigger: bool = True, small: bool = Fals
 
 def run_cues(strategy: Strategy, *, default_options: bool = False,
              writer: OutputWriter = OutputWriter.AUTO, small: bool = False,
-             read_as: ReadAs = ReadAs.SPARK) -> Callable[..., Run]:
+             read_as: ReadAs = ReadAs.SPARK, layout: OffsetLayout = OffsetLayout.BASED) -> Callable[..., Run]:
     def run(spark: Any, data: Data, fx: Any, jobs: Jobs, work: Path) -> Run:
         if read_as is ReadAs.ARROW:
             fx = pq.read_table(data.fx)
@@ -309,7 +323,7 @@ def run_cues(strategy: Strategy, *, default_options: bool = False,
         lake = Lake(root=str(root))
         batch = None if default_options else data.small_rows if small else data.rows // CHUNKS
         rows = data.small_rows * SMALL_STEPS if small else data.rows
-        graph = cues_graph(strategy, batch, fx=fx, writer=writer, read_as=read_as)
+        graph = cues_graph(strategy, batch, fx=fx, writer=writer, read_as=read_as, layout=layout)
         groups: list[str] = []
         done: list[str] = []
         started: list[float] = []
@@ -329,7 +343,7 @@ def run_cues(strategy: Strategy, *, default_options: bool = False,
         stats = runner.run_until_idle()
         seconds = time.perf_counter() - t
         jobs.clear()
-        _check_rows(lake.queue("priced").count(), rows, strategy.value)
+        _check_rows(lake.queue(OUTPUT[layout]).count(), rows, strategy.value)
         if small:
             check_small_output(spark, data, lake, f"{strategy.value} small ({read_as.value})")
         per_step = [jobs.count(g) for g in done]
@@ -370,6 +384,9 @@ CONTENDERS: dict[str, Callable[..., Run]] = {
     "cues_at_least_once": run_cues(Strategy.AT_LEAST_ONCE),
     "cues_at_most_once": run_cues(Strategy.AT_MOST_ONCE),
     "cues_exactly_once_default": run_cues(Strategy.EXACTLY_ONCE, default_options=True),
+    # the same backlog into a queue with absolute offsets (the driver writes it: auto below 1M)
+    "cues_exactly_once_default_absolute": run_cues(Strategy.EXACTLY_ONCE, default_options=True,
+                                                   layout=OffsetLayout.ABSOLUTE),
     # the same 10 steps written by Spark's executors and committed by reference (issue 11 item 2)
     "cues_exactly_once_executors": run_cues(Strategy.EXACTLY_ONCE, writer=OutputWriter.EXECUTORS),
     # issue 26: small fixed-size steps against Structured Streaming micro-batches of the same rows

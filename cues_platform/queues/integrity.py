@@ -289,9 +289,11 @@ def _check_retention(text: str, written: list[dict[str, Any]],
         return [problem(f"has an unreadable {RETENTION_KEY} {text!r}")]
     out = []
     for add in written:
-        part = (add.get("partitionValues") or {}).get("_partition")
+        values = add.get("partitionValues") or {}
+        part = values.get(PARTITION)
         try:
-            low = int(json.loads(add.get("stats") or "{}").get("minValues", {}).get("_offset"))
+            low = int(json.loads(add.get("stats") or "{}").get("minValues", {}).get(OFFSET))
+            low += int(values.get(BASE) or 0)  # based offsets (based.py): the file's _base
         except (ValueError, TypeError):
             low = None
         if part not in starts or low is None or low < starts[part]:
