@@ -151,7 +151,7 @@ from cues_platform.processing.outputs import (
 from cues_platform.queues import Lake, Queue
 from cues_platform.queues.by_reference import WrittenPart
 from cues_platform.queues.errors import SchemaError
-from cues_platform.queues.reader import plan_read
+from cues_platform.queues.reader import ReadPlan, plan_read
 from cues_platform.queues.schema import OFFSET, RESERVED
 
 Hook = Callable[[str], None]
@@ -196,6 +196,9 @@ class StepBase:
         self.next_step = 0
         self._alts_cursor = 0
         self._host_context: Any = None  # the context a host passed to call()
+        # Step 1's read plans of the snapshot it just planned, by binding: step 2 reads them
+        # instead of planning the same ranges again (once: a retry or isolation plans afresh)
+        self._planned: tuple[Snapshot, dict[str, ReadPlan]] | None = None
 
     def first_offset(self, binding: str) -> int:
         """Where a lane that never read its queue partition starts: the partition's start offset
@@ -205,14 +208,15 @@ class StepBase:
 
     def plan_snapshot(self) -> Snapshot | None:
         """Ranges for the next step from the current positions, or None when there is no work."""
-        ranges = {}
+        self._planned = None
+        ranges, plans = {}, {}
         for binding, src in self.processor.inputs.items():
             start = self.positions[binding]
             queue = self.queues[src.queue]
             size = step_size(self.processor.options, start=start,
                              available=queue.next_offset(src.partition))
-            plan = plan_read(queue, partition=src.partition, start=start, end=start + size)
-            ranges[binding] = Range(src.queue, src.partition, start, plan.end)
+            plans[binding] = plan_read(queue, partition=src.partition, start=start, end=start + size)
+            ranges[binding] = Range(src.queue, src.partition, start, plans[binding].end)
         alts = None
         if self.processor.kind is Kind.ALTS:
             order = list(ranges)
@@ -225,7 +229,9 @@ class StepBase:
                       for b, r in ranges.items()}
         elif not ranges or not all(r.size for r in ranges.values()):
             return None  # map/fork/sink/join wait until every input has data
-        return Snapshot(self.processor.id, self.next_step, ranges, alts)
+        snapshot = Snapshot(self.processor.id, self.next_step, ranges, alts)
+        self._planned = (snapshot, {b: plans[b] for b, r in ranges.items() if r.end == plans[b].end})
+        return snapshot
 
     def context(self, snapshot: Snapshot) -> StepContext:
         return StepContext(self.processor.id, snapshot.step, snapshot.delivery_hash, self.processor.options,
@@ -239,10 +245,16 @@ class StepBase:
 
     def _frames(self, snapshot: Snapshot) -> dict[str, Any]:
         read_as = self.processor.options.read_as
+        planned, self._planned = self._planned, None
+        # the plans step 1 made of exactly these ranges, moments ago (a queue is append-only: a
+        # newer snapshot holds the same rows there; a compacted file stays until vacuum, as for
+        # any lazy read); a recovered or retried snapshot is planned again
+        plans = planned[1] if planned is not None and planned[0] is snapshot else {}
         with failing_as(Phase.READ):
             frames = {}
             for binding, r in snapshot.inputs.items():
-                plan = plan_read(self.queues[r.queue], partition=r.partition, start=r.start, end=r.end)
+                plan = plans.get(binding) or plan_read(self.queues[r.queue], partition=r.partition,
+                                                       start=r.start, end=r.end)
                 frames[binding] = read_input(self.queues[r.queue], plan, read_as=read_as, spark=self.spark)
         return frames
 
@@ -591,6 +603,7 @@ class ExactlyOnceStepper(StepBase):
     def begin(self) -> Snapshot | None:
         self.hook("before_snapshot")
         # Step 1
+        self._planned = None  # only this begin's plans are read by step 2
         snapshot = self.pending
         if snapshot is None:
             snapshot = self.plan_snapshot()

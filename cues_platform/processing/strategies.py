@@ -103,6 +103,7 @@ class PositionStepper(StepBase):
     def begin(self) -> Snapshot | None:
         self.hook("before_snapshot")
         # Step 1
+        self._planned = None  # only this begin's plans are read by step 3
         snapshot, self.saved_plan = self.saved_plan, None
         if snapshot is None:
             snapshot = self.plan_snapshot()
