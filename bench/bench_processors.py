@@ -281,8 +281,10 @@ def recovery_at_tombstone_retention(spark, histories: list[int], rounds: int, ru
     sets it), maintained as ``cues queue maintain`` does (compaction, checkpoint, vacuum at the
     default 24 h), in two ages:
 
-    - ``fresh``: the maintenance checkpoint is written right after the compaction, so it keeps
-      every compacted step's tombstone (a processor that steps more than ``n`` times a day);
+    - ``fresh``: the maintenance checkpoint is written right after the compaction, so delta-rs'
+      checkpoint keeps every compacted step's tombstone (a processor that steps more than ``n``
+      times a day); on a local lake ``maintenance.checkpoint`` then writes one more without them
+      (``checkpoint_without_tombstones``), so both ages now report 0 tombstones there;
     - ``aged``: the checkpoint is written more than the tombstone retention after the
       compaction, so it drops them. Emulated: the retention is set to 0 hours for that one
       checkpoint and back to 24 h (delta-rs takes its clock from the system; a checkpoint keeps

@@ -70,14 +70,14 @@ import pyarrow.parquet as pq
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
-from bench_peers import CHUNKS, FX, POSTINGS, RATES, _spark_schema, chunk, cues_graph, price  # noqa: E402
+from bench_peers import CHUNKS, FX, OUTPUT, POSTINGS, RATES, _spark_schema, chunk, cues_graph, price  # noqa: E402
 from common import machine_info, median, now_iso, write_json  # noqa: E402
 
 from cues_platform import clock  # noqa: E402
 from cues_platform.processing import GraphRunner, OutputWriter, Strategy  # noqa: E402
 from cues_platform.processing import step as step_module  # noqa: E402
 from cues_platform.processing.runner import create_queues  # noqa: E402
-from cues_platform.queues import Lake  # noqa: E402
+from cues_platform.queues import Lake, OffsetLayout  # noqa: E402
 from cues_platform.queues import appender as appender_module  # noqa: E402
 from cues_platform.queues.appender import AppendOptions, append_batches  # noqa: E402
 from cues_platform.queues.by_reference import read_footer, verify_written  # noqa: E402
@@ -93,6 +93,10 @@ class Data:
     files: Path  # CHUNKS parquet files (the plain-Spark references)
     fx: Path
     lake: Path  # template lake: queue "postings" holding the same CHUNKS chunks
+
+
+# the driver's write path and its variants, into a queue with absolute offsets (bench_peers' OUTPUT)
+LAYOUT = OffsetLayout.ABSOLUTE
 
 
 def generate(root: Path, rows: int) -> Data:
@@ -315,7 +319,7 @@ def cues_step(variant: str, args: argparse.Namespace) -> Callable[..., dict]:
         shutil.copytree(data.lake, root)
         lake = Lake(root=str(root))
         writer = OutputWriter.EXECUTORS if variant == "executors" else OutputWriter.AUTO
-        graph = cues_graph(Strategy.EXACTLY_ONCE, None, fx=fx, writer=writer)
+        graph = cues_graph(Strategy.EXACTLY_ONCE, None, fx=fx, writer=writer, layout=LAYOUT)
         marks: list[tuple[str, float]] = []
         timers = Timers()
         stack = contextlib.ExitStack()
@@ -328,7 +332,7 @@ def cues_step(variant: str, args: argparse.Namespace) -> Callable[..., dict]:
         elif variant.startswith("driver_parallel_"):
             k = int(variant.rsplit("_", 1)[1])
             stack.enter_context(patched(appender_module, "write_deltalake",
-                                        parallel_write_deltalake(lambda: lake.queue("priced"), k)))
+                                        parallel_write_deltalake(lambda: lake.queue(OUTPUT[LAYOUT]), k)))
         elif variant == "arrow_batch_100k":
             old = spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")
             spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "100000")
@@ -369,7 +373,7 @@ def phases(marks: list[tuple[str, float]], t0: float, total: float) -> dict:
 
 def zero_row_commit_s(lake: Lake, n: int = 5) -> float:
     """One commit of no rows with two app transactions on the step's queue (after the step)."""
-    queue = lake.queue("priced")
+    queue = lake.queue(OUTPUT[LAYOUT])
     times = []
     for i in range(n):
         t = time.perf_counter()
@@ -383,8 +387,10 @@ def check_output(lake: Lake, rows: int, steps: int) -> dict:
     """The output: every id once, offsets dense from 0, one commit per step (outside the timing)."""
     from deltalake import DeltaTable
 
-    dt = DeltaTable(lake.queue("priced").uri)
-    table = dt.to_pyarrow_table(columns=["id", OFFSET])
+    from cues_platform.queues.based import read_delta
+
+    dt = DeltaTable(lake.queue(OUTPUT[LAYOUT]).uri)
+    table = read_delta(dt, columns=["id", OFFSET])  # offsets absolute (a based queue's too)
     offsets = pc.sort_indices(table[OFFSET])
     ids = pc.take(table["id"], offsets).to_numpy()
     dense = table.num_rows == rows and pc.all(pc.equal(pc.take(table[OFFSET], offsets),
@@ -453,10 +459,10 @@ def write_side(spark: Any, data: Data, fx: Any, cpu: Cpu, reps: int, root: Path)
     from deltalake import WriterProperties
 
     frame = price(spark.read.schema(_spark_schema(POSTINGS)).parquet(str(data.files)), fx)
-    graph = cues_graph(Strategy.EXACTLY_ONCE, None, fx=None)
+    graph = cues_graph(Strategy.EXACTLY_ONCE, None, fx=None, layout=LAYOUT)
     template = Lake(root=str(root / "write-side-template"))
     create_queues(graph, template)
-    table = conform(frame.toArrow(), template.queue("priced").payload_schema, queue="priced",
+    table = conform(frame.toArrow(), template.queue(OUTPUT[LAYOUT]).payload_schema, queue=OUTPUT[LAYOUT],
                     max_rows=10_000_000)
     n = [0]
 
@@ -466,7 +472,7 @@ def write_side(spark: Any, data: Data, fx: Any, cpu: Cpu, reps: int, root: Path)
             lake_root = root / f"write-side-{n[0]}"
             shutil.copytree(template.root, lake_root)
             lake = Lake(root=str(lake_root))
-            queue = lake.queue("priced")
+            queue = lake.queue(OUTPUT[LAYOUT])
             stack = contextlib.ExitStack()
             if writer is not None:
                 stack.enter_context(patched(appender_module, "write_deltalake", writer(lambda: queue)))

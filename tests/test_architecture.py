@@ -42,7 +42,7 @@ QUEUE_FLOORS = [
     ["errors", "names", "schema", "filesystems", "faults", "confine"],
     ["layout", "integrity", "creation", "snapshot_cache", "writer_lock"],
     ["location", "handle"],
-    ["appender", "by_reference", "idempotence", "producer", "maintenance", "positions",
+    ["based", "appender", "by_reference", "idempotence", "producer", "maintenance", "positions",
      "coordinator", "transactions", "reader", "tailer", "retention"],
     ["queue", "lake", "__init__"],
 ]

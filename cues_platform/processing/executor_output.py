@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
@@ -87,9 +86,11 @@ from cues_platform.queues.schema import (
 # where collecting to Arrow and delta-rs' writer took 1.3 s for the whole step, so below this the
 # driver is faster; above it the driver's memory grows with the step and the executors' does not.
 AUTO_EXECUTOR_ROWS = 1_000_000
-# ... and for a queue with based offsets, where the executors' write is one job and no row crosses
-# the driver: above this many input rows (docs/benchmarks.md, bench/results/peers.json)
-AUTO_BASED_ROWS = 100_000
+# The same for a queue with based offsets, where the executors' write is ONE job: measured on 2
+# quiet local cores (docs/benchmarks.md), Spark's Parquet writer with the 7 metadata columns per
+# row is still slower than the driver's Arrow + delta-rs write (1M rows: 1.52 s against 1.34 s;
+# 10 steps of 100k: 4.19 s against 2.75 s), so the threshold stays; above it the one job saves
+# the counting job and the rewrite when another writer moved the partition.
 _PID, _MID = "__cues_pid", "__cues_mid"
 
 
@@ -99,11 +100,9 @@ def is_spark_frame(value: Any) -> bool:
 
 def executor_output(
     processor: Processor, graph: Graph, by_binding: Mapping[str, Any], *, home: str | None,
-    input_rows: int, queues: Mapping[str, Queue] | None = None,
+    input_rows: int,
 ) -> Out | None:
-    """The output the executors can write for this step's result, or None (the driver writes).
-    ``queues``: the step's output queues by name (a queue with based offsets lowers ``auto``'s
-    threshold to ``AUTO_BASED_ROWS``)."""
+    """The output the executors can write for this step's result, or None (the driver writes)."""
     writer = processor.options.output_writer
     if writer is OutputWriter.DRIVER or len(by_binding) != 1:
         return None
@@ -115,8 +114,7 @@ def executor_output(
         return None  # rows to split off on the driver (a pyspark contract is the Dagster check's)
     if processor.strategy is Strategy.EXACTLY_ONCE and out.queue != home:
         return None  # an attempt over several queues stages its files; not this path
-    based = queues is not None and out.queue in queues and queues[out.queue].based
-    if writer is OutputWriter.AUTO and input_rows <= (AUTO_BASED_ROWS if based else AUTO_EXECUTOR_ROWS):
+    if writer is OutputWriter.AUTO and input_rows <= AUTO_EXECUTOR_ROWS:
         return None
     return out
 
@@ -236,15 +234,17 @@ def _metadata_columns(offset: Any, delivery_hash: str, message_type: str) -> lis
     """The metadata columns of rows the executors write, ``offset`` as ``_offset``."""
     from pyspark.sql import functions as F  # lazy: Spark only where a step's output is a DataFrame
 
-    # the platform's clock, like the driver's appends: retention by age reads _append_time
-    now = datetime.fromtimestamp(clock.now_ms() / 1000, UTC)
+    # the platform's clock, like the driver's appends: retention by age reads _append_time. Built
+    # from its microseconds: a literal datetime made Spark's Parquet write of 1M rows 0.3 s slower
+    # (measured on 2 local cores: 1.52 s against 1.21 s with the same columns otherwise)
+    micros = clock.now_ms() * 1000
     return [
         offset.cast("long").alias(OFFSET),
         F.lit(None).cast("string").alias(PRODUCER_ID),
         F.lit(None).cast("long").alias(PRODUCER_SEQ),
         F.lit(delivery_hash).alias(DELIVERY_HASH),
         F.lit(message_type).alias(MESSAGE_TYPE),
-        F.lit(now).cast("timestamp").alias(APPEND_TIME),
+        F.timestamp_micros(F.lit(micros).cast("long")).alias(APPEND_TIME),
         F.lit(None).cast("string").alias(TXN_ID),
     ]
 

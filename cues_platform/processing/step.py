@@ -383,7 +383,7 @@ class StepBase:
         with failing_as(Phase.MATERIALIZE):
             by_binding = split_outputs(result, self.processor.outputs, processor=self.processor.id)
             out = executor_output(self.processor, self.graph, by_binding, home=home_of(self.processor),
-                                  input_rows=snapshot.rows, queues=self.queues)
+                                  input_rows=snapshot.rows)
             if out is not None:
                 # the executors write the rows; the driver keeps only the files' footers
                 written = write_by_executors(next(iter(by_binding.values())), self.queues[out.queue],

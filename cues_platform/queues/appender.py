@@ -289,7 +289,7 @@ def _attempt(
         data = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
         if queue.based:  # the driver writes absolute offsets: base 0 (based.py)
             data = data.append_column(BASE_FIELD, pa.array(np.zeros(data.num_rows, np.int64)))
-        data = data.cast(queue.table_schema)
+        data = _as_table_schema(data, queue.table_schema)
     # Step 4
     before = queue.cache.key(dt)
     write_deltalake(
@@ -306,6 +306,17 @@ def _attempt(
     queue.committed(dt, before=before, txns=[(t.app_id, t.version) for t in txns])
     return AppendResult(queue=queue.name, ranges=ranges, version=dt.version(), attempts=attempt,
                         metadata=dict(metadata))
+
+
+def _as_table_schema(data: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``data`` under the table's schema. Its columns are the table's, in order, of the same types
+    (conformed payload, metadata built here) but with other nullability flags: then the columns
+    are only relabelled (a cast of a 100-row step's table cost more than building it); any other
+    difference goes through ``cast``, which converts or refuses."""
+    if data.column_names == schema.names and all(
+            c.type.equals(f.type) for c, f in zip(data.columns, schema, strict=True)):
+        return pa.Table.from_arrays(data.columns, schema=schema)
+    return data.cast(schema)
 
 
 def _ranges_text(ranges: Mapping[str, tuple[int, int]]) -> str:

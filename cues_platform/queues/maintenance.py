@@ -35,18 +35,32 @@ Time (issue 23 item 5, "one clock"). Both age rules here read the platform's clo
   a processor's home queue, is judged by the *earlier* of the platform's and the real clock: a
   clock ahead never expires a step record that is not yet in a digest (``cues queue maintain``
   digests a home first; see :func:`trim_expired_log`).
+
+Tombstones (local lakes). A compaction's remove actions serve vacuum alone, yet every open of the
+table reads them for ``delta.deletedFileRetentionDuration``. :func:`checkpoint` writes, a version
+later, a checkpoint without those whose file is gone or whose modification time it moved to at or
+after the removal (:func:`checkpoint_without_tombstones`): a full vacuum judges a file no
+tombstone names by that time, so it keeps the file until the removal is older than the
+retention, as the tombstone did (and for any vacuum retention, not only up to the tombstone
+retention). A lite vacuum would leak such a file, never delete it early; the platform's is full.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import time
+import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import unquote
 
-from deltalake import CommitProperties, WriterProperties
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, WriterProperties, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from cues_platform import clock
@@ -54,6 +68,7 @@ from cues_platform.errors import ConfigurationError
 from cues_platform.queues.errors import ConcurrentAppendError, UnsafeRetentionError
 from cues_platform.queues.integrity import LOG_DIR, TableStorage
 from cues_platform.queues.layout import (
+    COMMIT_HOOKS,
     DEFAULT_VACUUM_RETENTION_HOURS,
     TXN_RETENTION_KEY,
 )
@@ -95,8 +110,15 @@ def compact(
     target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES,
     row_group_rows: int = COMPACT_ROW_GROUP_ROWS,
 ) -> MaintenanceReport:
-    """Merge small files, one partition at a time (so files keep one partition and dense offset
-    ranges, and offset-statistics pruning stays exact), in row groups of ``row_group_rows``."""
+    """Merge small files, one partition at a time (so files keep one partition and, in a queue
+    with absolute offsets, dense offset ranges), in row groups of ``row_group_rows``.
+
+    In a queue with based offsets (``queues/based.py``) delta-rs bins files by both partition
+    columns: files of one nonzero base are never merged (there is one per base), and the base-0
+    files (the driver's appends) are merged with each other even when executor-written files lie
+    between them in offset order. Every row keeps its offset (``_base + _offset``); such a merged
+    file's statistics span the holes, so a read of a range inside one may open it too (its row
+    groups' ``_offset`` statistics then skip the groups outside the range)."""
     if row_group_rows < 1:
         raise ConfigurationError("row_group_rows must be >= 1")
     removed = added = 0
@@ -187,16 +209,101 @@ def vacuum(
 
 
 def checkpoint(queue: QueueHandle) -> MaintenanceReport:
-    """Write a Delta checkpoint at the current version and drop the log entries that expired by
-    the platform's clock (:func:`trim_expired_log`)."""
+    """Write a Delta checkpoint at the current version, on a local lake a second one without the
+    tombstones the files' modification times stand for (:func:`checkpoint_without_tombstones`),
+    and drop the log entries that expired by the platform's clock (:func:`trim_expired_log`)."""
     dt = queue.refresh()
     dt.create_checkpoint()
+    version = dt.version()
+    if queue.lake.is_local:
+        version = checkpoint_without_tombstones(queue, version=version) or version
     retention_ms = log_retention_ms(queue.name, dt.metadata().configuration)
     removed = trim_expired_log(TableStorage(queue.uri, queue.lake.options),
                                retention_ms=retention_ms, now_ms=clock.now_ms(),
                                real_now_ms=time.time_ns() // 1_000_000)
-    return MaintenanceReport(queue.name, checkpoint_version=dt.version(),
+    return MaintenanceReport(queue.name, checkpoint_version=version,
                              log_entries_removed=removed)
+
+
+def tombstone_is_redundant(root: Path, path: str, deleted_ms: int | None) -> bool:
+    """Whether full vacuum keeps the file of tombstone ``path`` (removed at ``deleted_ms``) at
+    least as long without the tombstone: the file is gone, or its modification time is at or
+    after its removal (set to now when older: a full vacuum judges a file no tombstone names by
+    that time, so it then keeps it until the removal is older than the retention, as the
+    tombstone would). Absolute paths and tombstones without a time are kept."""
+    if "://" in path or path.startswith("/"):
+        return False
+    found = [f for f in dict.fromkeys((root / path, root / unquote(path))) if f.exists()]
+    if not found:
+        return True  # deleted already: the tombstone protects nothing
+    if deleted_ms is None:
+        return False
+    try:
+        for file in found:
+            if file.stat().st_mtime_ns < deleted_ms * 1_000_000:
+                os.utime(file)  # now, on the real clock (vacuum's and delta-rs' deletionTimestamp)
+        return all(f.stat().st_mtime_ns >= deleted_ms * 1_000_000 for f in found)
+    except OSError:  # not ours to touch, or gone meanwhile: keep the tombstone
+        return False
+
+
+def checkpoint_without_tombstones(queue: QueueHandle, *, version: int) -> int | None:
+    """The checkpoint of ``version`` (a local lake's) again at ``version + 1``, an empty commit of
+    this function, without the tombstones :func:`tombstone_is_redundant` finds; returns that
+    version, or None when there were none or another commit came first (nothing dropped).
+
+    Tombstones serve vacuum alone, yet every open of the table reads all of them: 10,000
+    compacted step files cost each open of a home queue 3-4 ms and its recovery 5-7 ms for the
+    24 h tombstone retention. The new checkpoint is a new file (never one a reader may be
+    reading, linked in only if no checkpoint of that version exists); delta-rs loads the newest
+    checkpoint it lists. Readers of older versions and handles that replayed the compaction's
+    entry keep the tombstones (only safer)."""
+    log = queue.lake.local_path(queue.uri) / LOG_DIR
+    source = log / f"{version:020d}.checkpoint.parquet"
+    if not source.exists():
+        return None
+    state = pq.read_table(source)
+    if "remove" not in state.column_names:
+        return None
+    root = log.parent
+    drop = [r is not None and tombstone_is_redundant(root, r["path"], r.get("deletionTimestamp"))
+            for r in state.column("remove").to_pylist()]
+    if not any(drop):
+        return None
+    try:
+        with queue.writing() as dt:
+            if dt.version() != version:
+                return None
+            key = queue.cache.key(dt)
+            write_deltalake(dt, queue.table_schema.empty_table(), mode="append",
+                            commit_properties=CommitProperties(
+                                custom_metadata={"cues.queue": queue.name,
+                                                 "cues.maintenance": "checkpoint"},
+                                max_commit_retries=0),
+                            post_commithook_properties=COMMIT_HOOKS)
+            if dt.version() != version + 1:
+                return None
+            queue.committed(dt, before=key, txns=[])
+    except CommitFailedError:
+        return None
+    kept = state.filter(pa.array([not d for d in drop]))
+    target = log / f"{version + 1:020d}.checkpoint.parquet"
+    staged = log / f".cues-checkpoint-{uuid.uuid4().hex}.tmp"  # a name no log reader takes
+    try:
+        pq.write_table(kept, staged)
+        os.link(staged, target)  # atomic, and never over an existing checkpoint
+    except FileExistsError:
+        return None
+    finally:
+        staged.unlink(missing_ok=True)
+    # the hint readers start listing from (delta-rs takes the newest checkpoint listed anyway)
+    hint_file = log / "_last_checkpoint"
+    hint = json.loads(hint_file.read_text()) if hint_file.exists() else {}
+    if hint.get("version", -1) < version + 1:
+        hint.update(version=version + 1, size=kept.num_rows, sizeInBytes=target.stat().st_size)
+        staged.write_text(json.dumps(hint))
+        os.replace(staged, hint_file)
+    return version + 1
 
 
 LOG_RETENTION_PROPERTY = "delta.logRetentionDuration"
