@@ -29,16 +29,15 @@ steps run :func:`price_arrow`, checked to give the same rows:
 - ``cues_exactly_once`` / ``cues_at_least_once`` / ``cues_at_most_once``: one MAP processor,
   ``batch_size = rows / 10`` (10 steps), input queue filled with the same 10 chunks;
 - ``cues_exactly_once_default``: the same MAP with default ``Options`` (the backlog target);
-  ``cues_exactly_once_default_absolute``: the same into a queue with absolute offsets;
-- ``cues_exactly_once_executors``: the 10 steps with ``OutputWriter.EXECUTORS`` (Spark writes
-  the output files in one job, the driver commits them by reference). The other cues contenders
-  use the default ``OutputWriter.AUTO``.
+  ``cues_exactly_once_default_based``: the same into a queue with based offsets;
+- ``cues_exactly_once_executors``: the 10 steps with ``OutputWriter.EXECUTORS`` into a queue
+  with based offsets (Spark writes the output files in ONE job, the commit assigns their
+  offsets: ``queues/based.py``). The other cues contenders use the default
+  ``OutputWriter.AUTO``, which writes steps of up to 1M input rows on the driver.
 
-Every cues contender writes to the queue ``priced``, created with based offsets
-(``OffsetLayout.BASED``: the executors write a step in ONE Spark job and its commit assigns the
-offsets, ``queues/based.py``), except ``cues_exactly_once_default_absolute`` (``priced_absolute``,
-absolute offsets: ``auto`` writes a step of up to 1M input rows on the driver there). The input
-queue ``postings`` is filled by driver appends (absolute offsets).
+Every cues contender writes to the queue ``priced`` (absolute offsets, the default layout),
+except the two based ones (``priced_based``). The input queue ``postings`` is filled by driver
+appends.
 
 Every contender is warmed up once (untimed), then ``--rounds`` rounds run every contender once,
 the order rotated by one each round (no contender is always first). Times are medians; ratios are
@@ -102,9 +101,9 @@ from cues_platform.processing import (  # noqa: E402
 from cues_platform.processing.runner import create_queues  # noqa: E402
 from cues_platform.queues import Lake, OffsetLayout  # noqa: E402
 
-# The output queue of every cues contender: "priced" with based offsets (the executors' one-job
-# write, queues/based.py), "priced_absolute" with absolute ones (the layout every queue had before)
-OUTPUT = {OffsetLayout.BASED: "priced", OffsetLayout.ABSOLUTE: "priced_absolute"}
+# The output queue of the cues contenders: "priced" with absolute offsets (the default layout),
+# "priced_based" with based ones (the executors' one-job write, queues/based.py)
+OUTPUT = {OffsetLayout.ABSOLUTE: "priced", OffsetLayout.BASED: "priced_based"}
 
 CHUNKS = 10  # input files / micro-batches / cues steps
 SMALL_STEPS = 20  # the small-step workload: this many chunks of --small-rows (issue 26)
@@ -240,7 +239,7 @@ class Jobs:
 # -- contenders ------------------------------------------------------------------------------------
 def cues_graph(strategy: Strategy, batch: int | None, *, fx: Any,
                writer: OutputWriter = OutputWriter.AUTO, read_as: ReadAs = ReadAs.SPARK,
-               layout: OffsetLayout = OffsetLayout.BASED) -> Graph:
+               layout: OffsetLayout = OffsetLayout.ABSOLUTE) -> Graph:
     def fn(ctx: Any, postings: Any) -> Any:
         return price(postings, fx)
 
@@ -314,7 +313,7 @@ def run_spark_streaming(*, one_file_per_trigger: bool = True, small: bool = Fals
 
 def run_cues(strategy: Strategy, *, default_options: bool = False,
              writer: OutputWriter = OutputWriter.AUTO, small: bool = False,
-             read_as: ReadAs = ReadAs.SPARK, layout: OffsetLayout = OffsetLayout.BASED) -> Callable[..., Run]:
+             read_as: ReadAs = ReadAs.SPARK, layout: OffsetLayout = OffsetLayout.ABSOLUTE) -> Callable[..., Run]:
     def run(spark: Any, data: Data, fx: Any, jobs: Jobs, work: Path) -> Run:
         if read_as is ReadAs.ARROW:
             fx = pq.read_table(data.fx)
@@ -384,11 +383,12 @@ CONTENDERS: dict[str, Callable[..., Run]] = {
     "cues_at_least_once": run_cues(Strategy.AT_LEAST_ONCE),
     "cues_at_most_once": run_cues(Strategy.AT_MOST_ONCE),
     "cues_exactly_once_default": run_cues(Strategy.EXACTLY_ONCE, default_options=True),
-    # the same backlog into a queue with absolute offsets (the driver writes it: auto below 1M)
-    "cues_exactly_once_default_absolute": run_cues(Strategy.EXACTLY_ONCE, default_options=True,
-                                                   layout=OffsetLayout.ABSOLUTE),
-    # the same 10 steps written by Spark's executors and committed by reference (issue 11 item 2)
-    "cues_exactly_once_executors": run_cues(Strategy.EXACTLY_ONCE, writer=OutputWriter.EXECUTORS),
+    # the same backlog into a queue with based offsets (still the driver's write: auto up to 1M)
+    "cues_exactly_once_default_based": run_cues(Strategy.EXACTLY_ONCE, default_options=True,
+                                                layout=OffsetLayout.BASED),
+    # the same 10 steps written by Spark's executors in one job into based files (issues 11 and 26)
+    "cues_exactly_once_executors": run_cues(Strategy.EXACTLY_ONCE, writer=OutputWriter.EXECUTORS,
+                                            layout=OffsetLayout.BASED),
     # issue 26: small fixed-size steps against Structured Streaming micro-batches of the same rows
     "spark_streaming_small": run_spark_streaming(small=True),
     "cues_exactly_once_small": run_cues(Strategy.EXACTLY_ONCE, small=True),
