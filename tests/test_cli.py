@@ -12,13 +12,14 @@ import sys
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 
 from cues_platform.audit import audit
 from cues_platform.cli import main
 from cues_platform.processing.loader import load_graph
-from cues_platform.queues import Lake
+from cues_platform.queues import Lake, OffsetLayout
 from tests.audit.lakes import MODULE, ORDERS, orders, seed, write_graph
 from tests.support import ROOT
 
@@ -425,3 +426,15 @@ def test_queue_maintain_refuses_a_short_retention_in_one_line(tmp_path):
                                    "--retention-hours", "0.5", "--unsafe-allow-short-retention"])
     assert allowed.exit_code == 0, allowed.output
     assert lake.queue("orders").read_arrow(partition="0", start=0, end=1)["a"].to_pylist() == [1]
+
+
+@pytest.mark.parametrize(("layout", "shown"), [("absolute", "offsets: absolute (format 1)"),
+                                               ("based", "offsets: based (format 2)")])
+def test_queue_show_names_the_offset_layout(tmp_path: Path, layout: str, shown: str) -> None:
+    lake = Lake(root=str(tmp_path / "lake"))
+    q = lake.create_queue("q", schema=pa.schema([("id", pa.int64())]),
+                          offset_layout=OffsetLayout(layout))
+    q.append(pa.table({"id": [1, 2, 3]}), partition="0")
+    result = invoke("queue", "show", "q", "--lake", str(tmp_path / "lake"))
+    assert result.exit_code == 0, result.output
+    assert shown in result.output and "3" in result.output

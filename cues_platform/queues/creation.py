@@ -87,7 +87,7 @@ def create_table_once(
     if first and first[0].get(CREATOR_KEY) not in (None, token):
         raise ConcurrentCreateError(
             f"{what} at {uri} was created by two processes at once and delta-rs committed both; "
-            "its definition is the last creator's: check it with `cues queue describe` and drop "
+            "its definition is the last creator's: check it with `cues queue show` and drop "
             "and recreate it if it is not the intended one", uri=uri)
     return True
 

@@ -24,7 +24,7 @@ class QueueExistsError(QueueError):
 class ConcurrentCreateError(QueueError):
     """Another creator's CREATE TABLE was rebased over ours (remote lakes only): the table's
     metadata is the last creator's. Not retryable: check the table's definition
-    (``cues queue describe``) and drop and recreate it if it is not the intended one."""
+    (``cues queue show``) and drop and recreate it if it is not the intended one."""
 
 
 class SchemaError(QueueError):

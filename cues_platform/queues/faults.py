@@ -52,7 +52,7 @@ _ENDPOINT = re.compile(r"(https?://[^/\s?]+)")
 _PLAIN = ("the commit may have landed (if the store took it before the fault): a plain append has "
           "no sequence, so do not resend the same batch blindly (it would be written twice); "
           "first look whether it landed (the partition's next offset, Queue.next_offset, or the "
-          "newest commit in `cues queue describe`) and send only what is missing, or send through "
+          "newest commit in `cues queue show`) and send only what is missing, or send through "
           "a Producer, whose sequence makes a resend of a landed batch a no-op; a processor's "
           "step is recovered from its records")
 CONSEQUENCE = {
