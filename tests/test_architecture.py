@@ -40,9 +40,9 @@ def test_every_import_inside_a_function_names_why_it_is_lazy() -> None:
 # docs/architecture.md, "Storage": the floors of queues/, each in its order
 QUEUE_FLOORS = [
     ["errors", "names", "schema", "filesystems", "faults", "confine"],
-    ["layout", "integrity", "creation", "snapshot_cache", "writer_lock"],
+    ["layout", "based", "integrity", "creation", "snapshot_cache", "writer_lock"],
     ["location", "handle"],
-    ["based", "appender", "by_reference", "idempotence", "producer", "maintenance", "positions",
+    ["appender", "by_reference", "idempotence", "producer", "maintenance", "positions",
      "coordinator", "transactions", "reader", "tailer", "retention"],
     ["queue", "lake", "__init__"],
 ]

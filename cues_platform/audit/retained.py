@@ -42,16 +42,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from cues_platform.audit.backing import record_rows
 from cues_platform.audit.report import CORRUPT_LOG, ROW_COUNT_MISMATCH, Violation
 from cues_platform.processing.backing import Record
-from cues_platform.queues.based import read_delta
+from cues_platform.queues.based import file_bases, read_delta
 from cues_platform.queues.layout import PARTITION as PARTITION_ID
 from cues_platform.queues.layout import START
 from cues_platform.queues.retention import start_offset
-from cues_platform.queues.schema import BASE, OFFSET, PARTITION
+from cues_platform.queues.schema import OFFSET, PARTITION
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -104,10 +105,9 @@ def density_violations(table: str, queue: Queue, dt: DeltaTable, *,
         rows = adds["num_records"].to_pylist()
         los = adds[lo_col].to_pylist() if lo_col in names else [None] * adds.num_rows
         his = adds[hi_col].to_pylist() if hi_col in names else [None] * adds.num_rows
-        if f"partition.{BASE}" in names:  # based offsets (queues/based.py): add each file's base
-            bases = [int(b or 0) for b in adds[f"partition.{BASE}"].to_pylist()]
-            los = [v if v is None else v + b for v, b in zip(los, bases, strict=True)]
-            his = [v if v is None else v + b for v, b in zip(his, bases, strict=True)]
+        bases = file_bases(pa.table(adds)).to_pylist()  # based offsets (queues/based.py)
+        los = [v if v is None else v + b for v, b in zip(los, bases, strict=True)]
+        his = [v if v is None else v + b for v, b in zip(his, bases, strict=True)]
         for p, n, lo, hi in zip(adds[part_col].to_pylist(), rows, los, his, strict=True):
             count, low, high = stats.get(p, (0, None, None))
             stats[p] = (count + int(n or 0),

@@ -13,6 +13,8 @@ compaction of base-0 files keeps each row's ``_base + _offset``.
 This module is the one place that turns what a file holds into absolute offsets:
 
 * :func:`absolute` for Arrow tables read through delta-rs (``_base`` materialized as a column);
+* :func:`file_bases` for the add actions' ``_offset`` statistics (pruning, retention by size, the
+  log checks, the auditor's density check);
 * :func:`spark_offset` for Spark reads of the files themselves (which carry no partition values):
   ``_offset`` plus the base looked up by the file's name.
 
@@ -23,7 +25,7 @@ partition's next offset after the step is ``b_last + n_last``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -31,8 +33,12 @@ import pyarrow.compute as pc
 from cues_platform.queues.errors import QueueError
 from cues_platform.queues.schema import BASE, OFFSET
 
-if TYPE_CHECKING:
-    from cues_platform.queues.handle import FileInfo
+
+class FileInfo(Protocol):
+    """What a based read needs of a planned file (``handle.FileInfo`` is one)."""
+
+    path: str
+    base: int
 
 
 def absolute(table: pa.Table) -> pa.Table:
@@ -45,6 +51,15 @@ def absolute(table: pa.Table) -> pa.Table:
     at = table.column_names.index(OFFSET)
     offsets = pc.add(table[OFFSET], pc.fill_null(table[BASE], 0).cast(pa.int64()))
     return table.set_column(at, table.schema.field(OFFSET), offsets).drop_columns([BASE])
+
+
+def file_bases(actions: pa.Table) -> pa.Array:
+    """Each add action's ``_base`` (a flattened ``get_add_actions`` table; 0 for an absolute queue
+    or a file without one): add it to the ``_offset`` statistics to get the file's offsets."""
+    column = f"partition.{BASE}"
+    if column not in actions.column_names:
+        return pa.repeat(pa.scalar(0, pa.int64()), actions.num_rows)
+    return pc.fill_null(actions[column], 0).cast(pa.int64())
 
 
 def assign_bases(start: int, rows: Sequence[int]) -> list[int]:

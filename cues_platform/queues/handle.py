@@ -43,6 +43,7 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError
 
+from cues_platform.queues.based import file_bases
 from cues_platform.queues.errors import (
     ConcurrentAppendError,
     LogIntegrityError,
@@ -463,9 +464,7 @@ class QueueHandle:
         part_col = f"partition.{PARTITION}"
         if partition is not None:
             actions = actions.filter(pc.equal(actions[part_col], partition))
-        base_col = f"partition.{BASE}"
-        bases = actions[base_col] if base_col in actions.column_names else pa.nulls(actions.num_rows, pa.int64())
-        bases = pc.fill_null(bases.cast(pa.int64()), 0)
+        bases = file_bases(actions)
         lows = pc.add(actions[f"min.{OFFSET}"], bases)  # absolute offsets (based.py)
         highs = pc.add(actions[f"max.{OFFSET}"], bases)
         txn_nulls = (

@@ -31,8 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 from deltalake import DeltaTable
 
+from cues_platform.queues.based import file_bases
 from cues_platform.queues.errors import LogIntegrityError
 from cues_platform.queues.layout import PARTITION as PARTITION_ID
 from cues_platform.queues.layout import RANGES_KEY, RETENTION_KEY, START
@@ -619,9 +621,8 @@ def _statistics(queue: str, dt: DeltaTable, partitions: Iterable[str]) -> list[I
         parts = adds[part_col].to_pylist()
         rows = adds["num_records"].to_pylist()
         maxes = adds[max_col].to_pylist() if max_col in names else [None] * len(parts)
-        if f"partition.{BASE}" in names:  # based offsets (based.py): the file's _base
-            maxes = [m if m is None else m + int(b or 0)
-                     for m, b in zip(maxes, adds[f"partition.{BASE}"].to_pylist(), strict=True)]
+        bases = file_bases(pa.table(adds)).to_pylist()  # based offsets (based.py)
+        maxes = [m if m is None else m + b for m, b in zip(maxes, bases, strict=True)]
         for p, n, m in zip(parts, rows, maxes, strict=True):
             count, top = files.get(p, (0, None))
             files[p] = (count + int(n or 0), top if m is None else max(m, top if top is not None else m))

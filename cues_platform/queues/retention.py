@@ -31,12 +31,12 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, Transaction
 from deltalake.exceptions import CommitFailedError
 
 from cues_platform.errors import ConfigurationError
+from cues_platform.queues.based import file_bases
 from cues_platform.queues.errors import ConcurrentAppendError
 from cues_platform.queues.faults import translated
 from cues_platform.queues.layout import (
@@ -150,9 +150,7 @@ def _size_cut(queue: QueueHandle, dt: DeltaTable, partition: str, *, start: int,
     if actions.num_rows == 0:
         return start
     actions = actions.filter(pc.equal(actions[f"partition.{PARTITION}"], partition))
-    highs = actions[f"max.{OFFSET}"]
-    if f"partition.{BASE}" in actions.column_names:  # based offsets (based.py)
-        highs = pc.add(highs, pc.fill_null(actions[f"partition.{BASE}"], 0).cast(pa.int64()))
+    highs = pc.add(actions[f"max.{OFFSET}"], file_bases(actions))  # absolute (based.py)
     files = sorted(zip(highs.to_pylist(), actions["size_bytes"].to_pylist(), strict=True))
     total, cut = sum(size for _, size in files), start
     for last, size in files:

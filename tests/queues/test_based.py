@@ -492,3 +492,16 @@ def test_a_tailer_reads_a_based_queue_in_absolute_offsets(mixed) -> None:
         tailer.commit()
     assert seen == sorted(mixed.want.items())
     assert tailer.read_arrow(3).num_rows == 0 and tailer.committed_position() == 16
+
+
+def test_a_redeploy_declaring_another_layout_keeps_the_existing_queues_own(lake) -> None:
+    """A graph changed to declare ``based`` for a queue created ``absolute`` (or back): the layout
+    is fixed at creation, so ``create_queue(exist_ok=True)`` returns the queue as it is and its
+    rows keep their offsets (a partition column cannot be added to a table)."""
+    schema = pa.schema([("id", pa.int64())])
+    first = lake.create_queue("kept", schema=schema, offset_layout=OffsetLayout.ABSOLUTE)
+    first.append(pa.table({"id": [1, 2]}), partition="0")
+    again = lake.create_queue("kept", schema=schema, exist_ok=True, offset_layout=OffsetLayout.BASED)
+    assert again.offset_layout is OffsetLayout.ABSOLUTE and not again.based
+    again.append(pa.table({"id": [3]}), partition="0")
+    assert again.read_arrow(partition="0")["_offset"].to_pylist() == [0, 1, 2]
