@@ -35,11 +35,14 @@ def test_the_daemon_ticks_a_default_on_sensor_whose_run_materializes_the_process
     log = tmp_path / "daemon.log"
     env = {**os.environ, "DAGSTER_HOME": str(home), "CUES_LAKE": lake.root}
     daemon = Path(sys.executable).with_name("dagster-daemon")
+    # The instance's sqlite storages (runs, event index, schedules) are created and stamped here,
+    # before the daemon starts: two processes creating them at once race on alembic's version
+    # table ("table alembic_version already exists", seen once in CI).
+    instance = DagsterInstance.from_config(str(home))
     with log.open("wb") as out:
         proc = subprocess.Popen([str(daemon), "run", "-w", str(_workspace(tmp_path))], cwd=ROOT, env=env,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        instance = DagsterInstance.from_config(str(home))
         deadline = time.monotonic() + DEADLINE_S
         run = None
         while time.monotonic() < deadline:

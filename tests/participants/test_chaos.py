@@ -17,7 +17,8 @@ gated by a condition on the databases (never a sleep):
    the end, bank-x on one until phase 5); wait until the last consumer instance processes;
 5. scale-up: two new bank-b instances, a new bank-x instance, then the consumer's lease holder
    SIGKILLed and restarted (the new or the restarted instance takes over) and a producer crash;
-6. drain: wait (bounded) until every posting has its result.
+6. drain: wait (bounded) until every posting has its result and the consumer has processed every
+   copy on its POSTINGS subject (a replay that follows its answered original too).
 
 Spoofed results, appended to RESULTS subject n before the real result exists (the sender's
 instances apply them first): (A) bank-a's posting to bank-x answered REJECTED with receiver
@@ -47,6 +48,7 @@ import psycopg
 import pyarrow as pa
 import pytest
 
+from cues_platform.participants.checks import CONSUMER_ACTIONS
 from cues_platform.participants.db import Database
 from cues_platform.participants.model import POSTINGS, RESULTS, RESULTS_SCHEMA
 from cues_platform.participants.network import register
@@ -89,6 +91,19 @@ def _received(dsn: str, sender: str | None = None) -> int:
             return conn.execute("SELECT count(*) FROM received").fetchone()[0]
         return conn.execute("SELECT count(*) FROM received WHERE sender = %s",
                             (sender,)).fetchone()[0]
+
+
+def _unprocessed(lake: Lake, dsn: str) -> int:
+    """Postings on the consumer's POSTINGS subject that its audit trail has no verdict for yet
+    (what ``check --complete`` counts): a replayed copy whose original already has its result is
+    still processed (suppressed) by the consumer, after the producer's count is complete."""
+    queue = lake.queue(POSTINGS)
+    queue.refresh()
+    with psycopg.connect(dsn) as conn:
+        seen = conn.execute("SELECT count(DISTINCT (detail->>'offset')::bigint) FROM audit "
+                            "WHERE action = ANY(%s) AND detail ? 'offset'",
+                            (list(CONSUMER_ACTIONS),)).fetchone()[0]
+    return queue.next_offset(CONSUMER) - int(seen)
 
 
 def _check(net: Network, participant: str, role: str, failures: list[str]) -> dict | None:
@@ -228,8 +243,11 @@ def test_chaos_scale_onboard_spoof(tmp_path: Path, make_db: Callable[[str], str]
         # 6. drain (bounded; what is left undone is reported below with everything else)
         want = {**recorded, LATE: late_count}
         try:
-            wait_until(lambda: all(final_count(dsns[p]) == n for p, n in want.items()),
-                       timeout=600 if soak else 120, what="every posting to have its result")
+            wait_until(lambda: all(final_count(dsns[p]) == n for p, n in want.items())
+                       and _unprocessed(lake, dsns[CONSUMER]) == 0,
+                       timeout=600 if soak else 120,
+                       what="every posting to have its result and every copy on "
+                            f"{POSTINGS}/{CONSUMER} (replays too) to be processed")
         except AssertionError as exc:
             drain_error = str(exc)
         done("6 drain")
