@@ -101,6 +101,8 @@ def describe_maintenance(report: MaintenanceReport) -> str:
     if report.checkpoint_version is not None:
         parts.append(f"checkpoint at version {report.checkpoint_version}, "
                      f"{report.log_entries_removed} expired log entr(ies) removed")
+    if report.staged_removed:
+        parts.append(f"{report.staged_removed} staged checkpoint file(s) of a crashed writer removed")
     if report.vacuum_hours is not None:
         parts.append(f"vacuumed {report.files_vacuumed} file(s) (files older than "
                      f"{report.vacuum_hours} h by the real clock)")

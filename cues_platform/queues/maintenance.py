@@ -96,6 +96,8 @@ class MaintenanceReport:
     files_vacuumed: int = 0
     checkpoint_version: int | None = None
     log_entries_removed: int = 0
+    # staged checkpoint files a crashed writer left in the log folder (sweep_staged_checkpoints)
+    staged_removed: int = 0
     # the whole hours handed to delta-rs' vacuum (the retention shifted to the platform's clock)
     vacuum_hours: int | None = None
 
@@ -215,14 +217,16 @@ def checkpoint(queue: QueueHandle) -> MaintenanceReport:
     dt = queue.refresh()
     dt.create_checkpoint()
     version = dt.version()
+    swept = 0
     if queue.lake.is_local:
+        swept = sweep_staged_checkpoints(queue.lake.local_path(queue.uri) / LOG_DIR)
         version = checkpoint_without_tombstones(queue, version=version) or version
     retention_ms = log_retention_ms(queue.name, dt.metadata().configuration)
     removed = trim_expired_log(TableStorage(queue.uri, queue.lake.options),
                                retention_ms=retention_ms, now_ms=clock.now_ms(),
                                real_now_ms=time.time_ns() // 1_000_000)
     return MaintenanceReport(queue.name, checkpoint_version=version,
-                             log_entries_removed=removed)
+                             log_entries_removed=removed, staged_removed=swept)
 
 
 def tombstone_is_redundant(root: Path, path: str, deleted_ms: int | None) -> bool:
@@ -245,6 +249,33 @@ def tombstone_is_redundant(root: Path, path: str, deleted_ms: int | None) -> boo
         return all(f.stat().st_mtime_ns >= deleted_ms * 1_000_000 for f in found)
     except OSError:  # not ours to touch, or gone meanwhile: keep the tombstone
         return False
+
+
+STAGED_CHECKPOINT_GLOB = ".cues-checkpoint-*.tmp"  # checkpoint_without_tombstones' staged files
+# A staged file lives for the milliseconds between its write and its link. One older than this is
+# a crashed writer's (SIGKILL between the two): the next checkpoint of the queue deletes it.
+STAGED_CHECKPOINT_MAX_AGE_S = 3600.0
+
+
+def sweep_staged_checkpoints(log: Path, *, max_age_s: float = STAGED_CHECKPOINT_MAX_AGE_S) -> int:
+    """Delete the staged files of :func:`checkpoint_without_tombstones` in ``log`` (a local
+    ``_delta_log`` folder) last modified more than ``max_age_s`` ago; returns how many went.
+
+    Owner: the process writing the checkpoint, for the milliseconds it takes; no log reader takes
+    the name. Age is judged by the file's modification time against the clock of the machine the
+    disk is on (a local lake: the same clock wrote it), never the platform's clock. Should a
+    jumping clock make a live writer's file look old, that writer finds it gone and writes no
+    checkpoint (its empty commit stands; the older checkpoint serves), so nothing is lost."""
+    cut = time.time() - max_age_s
+    removed = 0
+    for staged in log.glob(STAGED_CHECKPOINT_GLOB):
+        try:
+            if staged.stat().st_mtime < cut:
+                staged.unlink()
+                removed += 1
+        except FileNotFoundError:  # its writer linked and removed it meanwhile
+            continue
+    return removed
 
 
 def checkpoint_without_tombstones(queue: QueueHandle, *, version: int) -> int | None:
@@ -292,7 +323,7 @@ def checkpoint_without_tombstones(queue: QueueHandle, *, version: int) -> int | 
     try:
         pq.write_table(kept, staged)
         os.link(staged, target)  # atomic, and never over an existing checkpoint
-    except FileExistsError:
+    except (FileExistsError, FileNotFoundError):  # another checkpoint of it; or swept meanwhile
         return None
     finally:
         staged.unlink(missing_ok=True)
@@ -301,8 +332,11 @@ def checkpoint_without_tombstones(queue: QueueHandle, *, version: int) -> int | 
     hint = json.loads(hint_file.read_text()) if hint_file.exists() else {}
     if hint.get("version", -1) < version + 1:
         hint.update(version=version + 1, size=kept.num_rows, sizeInBytes=target.stat().st_size)
-        staged.write_text(json.dumps(hint))
-        os.replace(staged, hint_file)
+        try:
+            staged.write_text(json.dumps(hint))
+            os.replace(staged, hint_file)
+        except FileNotFoundError:  # swept meanwhile: the hint stays older (only a hint)
+            pass
     return version + 1
 
 

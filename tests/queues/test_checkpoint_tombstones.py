@@ -19,12 +19,16 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
+from cues_platform.dagster.maintenance import describe_maintenance
+from cues_platform.queues import maintenance
 from cues_platform.queues.layout import DEFAULT_VACUUM_RETENTION_HOURS
 from cues_platform.queues.maintenance import (
+    STAGED_CHECKPOINT_GLOB,
     checkpoint,
     checkpoint_without_tombstones,
     compact,
     maintain,
+    sweep_staged_checkpoints,
     tombstone_is_redundant,
     vacuum,
 )
@@ -198,3 +202,50 @@ def test_the_files_modification_time_holds_them_for_any_vacuum_retention(make_qu
     assert old <= _data_files(q)
     assert vacuum(q.lake.queue("events"), retention_hours=DEFAULT_VACUUM_RETENTION_HOURS).files_vacuumed == len(old)
     assert _data_files(q) == _active(q)
+
+
+def _staged(q) -> set[str]:
+    return {p.name for p in (_root(q) / "_delta_log").glob(STAGED_CHECKPOINT_GLOB)}
+
+
+def test_a_staged_checkpoint_a_killed_writer_left_goes_with_the_next_checkpoint_after_an_hour(make_queue) -> None:
+    """A writer killed between writing its staged checkpoint and linking it leaves the file in the
+    log folder; its owner never comes back. The next ``checkpoint`` (``cues queue maintain``)
+    deletes it once it is an hour old, and keeps a fresh one (a live writer's)."""
+    q = make_queue()
+    _old_files_compacted(q)
+    log = _root(q) / "_delta_log"
+    dead, live = log / ".cues-checkpoint-dead.tmp", log / ".cues-checkpoint-live.tmp"
+    dead.write_bytes(b"PAR1 half a checkpoint")
+    live.write_bytes(b"PAR1 being written")
+    past = time.time() - 2 * 3600
+    os.utime(dead, (past, past))
+    report = checkpoint(q)
+    assert report.staged_removed == 1
+    assert _staged(q) == {live.name}
+    assert describe_maintenance(report).count("1 staged checkpoint file(s) of a crashed writer removed") == 1
+    assert q.lake.queue("events").read_arrow(partition="0")["id"].to_pylist() == list(range(12))
+
+
+def test_a_writer_whose_staged_file_is_swept_meanwhile_writes_no_checkpoint_and_loses_nothing(
+        make_queue, monkeypatch) -> None:
+    """Should a jumping clock make a live writer's staged file look old to another maintenance
+    run, the writer finds it gone at the link: no filtered checkpoint, its empty commit stands,
+    the queue reads the same and the next checkpoint works."""
+    q = make_queue()
+    _old_files_compacted(q)
+    DeltaTable(q.uri).create_checkpoint()
+    version = q.version()
+    real_link = os.link
+
+    def swept_first(src, dst):  # noqa: ANN001, ANN202 - os.link's own signature
+        assert sweep_staged_checkpoints(Path(src).parent, max_age_s=-60) == 1
+        return real_link(src, dst)
+
+    monkeypatch.setattr(maintenance.os, "link", swept_first)
+    assert checkpoint_without_tombstones(q, version=version) is None
+    monkeypatch.undo()
+    assert q.version() == version + 1 and _checkpoints(q)[-1] == version
+    assert _staged(q) == set()
+    assert q.lake.queue("events").read_arrow(partition="0")["id"].to_pylist() == list(range(12))
+    assert checkpoint(q).checkpoint_version == version + 2 and len(_tombstones(q, version + 2)) == 0
