@@ -48,7 +48,6 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -64,10 +63,11 @@ from cues_platform.queues.layout import PARTITION as PARTITION_ID
 from cues_platform.queues.schema import (
     APPEND_OPTIONS,
     APPEND_TIME,
-    BASE_FIELD,
+    BASE,
     DEFAULT_MESSAGE_TYPE,
     DELIVERY_HASH,
     MESSAGE_TYPE,
+    METADATA_FIELDS,
     OFFSET,
     PARTITION,
     PRODUCER_ID,
@@ -148,33 +148,44 @@ class AppendOptions:
     commit_metadata: Mapping[str, str] = field(default_factory=dict)
 
 
+_METADATA_NAMES = [f.name for f in METADATA_FIELDS]  # the table's metadata columns, in order
+
+
 def _with_metadata(
-    table: pa.Table, *, partition: str, start: int, opts: AppendOptions, now: datetime
+    table: pa.Table, *, partition: str, start: int, opts: AppendOptions, now: pa.TimestampScalar,
+    schema: pa.Schema, based: bool,
 ) -> pa.Table:
+    """``table`` (a conformed payload) with the metadata columns of rows numbered from ``start``
+    (on a based queue, ``_base`` = 0: the driver writes absolute offsets), under the table's
+    ``schema``. When the columns are the schema's in name and type (the usual case: only the
+    nullability flags differ) the table is built once with the schema, relabelled, not cast (a
+    cast of a 100-row step's table cost more than building it); any other difference goes
+    through ``cast``, which converts or refuses."""
     n = table.num_rows
 
     def const(value: Any, typ: pa.DataType) -> pa.Array:
-        return pa.array(np.full(n, value), typ) if value is not None else pa.nulls(n, typ)
+        return pa.nulls(n, typ) if value is None else pa.repeat(pa.scalar(value, typ), n)
 
-    offsets = pa.array(np.arange(start, start + n, dtype=np.int64))
-    columns = {
-        PARTITION: pa.array([partition] * n, pa.string()) if n < 1024 else pa.repeat(partition, n),
-        OFFSET: offsets,
-        PRODUCER_ID: pa.nulls(n, pa.string())
-        if opts.producer_id is None
-        else pa.repeat(opts.producer_id, n),
+    metadata = {
+        PARTITION: const(partition, pa.string()),
+        OFFSET: pa.array(np.arange(start, start + n, dtype=np.int64)),
+        PRODUCER_ID: const(opts.producer_id, pa.string()),
         PRODUCER_SEQ: const(opts.sequence, pa.int64()),
-        DELIVERY_HASH: pa.nulls(n, pa.string())
-        if opts.delivery_hash is None
-        else pa.repeat(opts.delivery_hash, n),
-        MESSAGE_TYPE: pa.repeat(opts.message_type, n),
-        APPEND_TIME: pa.repeat(pa.scalar(now, pa.timestamp("us", tz="UTC")), n),
-        TXN_ID: pa.nulls(n, pa.string()) if opts.txn_id is None else pa.repeat(opts.txn_id, n),
+        DELIVERY_HASH: const(opts.delivery_hash, pa.string()),
+        MESSAGE_TYPE: const(opts.message_type, pa.string()),
+        APPEND_TIME: pa.repeat(now, n),
+        TXN_ID: const(opts.txn_id, pa.string()),
     }
-    out = table
-    for name, col in columns.items():
-        out = out.append_column(name, col.cast(pa.string()) if name in (PARTITION,) else col)
-    return out
+    if based:
+        metadata[BASE] = pa.array(np.zeros(n, np.int64))
+    columns = [*table.columns, *(metadata[name] for name in _METADATA_NAMES)]
+    names = [*table.column_names, *_METADATA_NAMES]
+    if based:
+        columns.append(metadata[BASE])
+        names.append(BASE)
+    if names == schema.names and all(c.type.equals(f.type) for c, f in zip(columns, schema, strict=True)):
+        return pa.Table.from_arrays(columns, schema=schema)
+    return pa.Table.from_arrays(columns, names=names).cast(schema)
 
 
 def prepare_batches(
@@ -273,13 +284,14 @@ def _attempt(
             return done
     # Step 3
     at_ms = now_ms()  # the platform's clock: retention by age reads _append_time (clock.py)
-    now = datetime.fromtimestamp(at_ms / 1000, UTC)
+    now = pa.scalar(at_ms * 1000, pa.timestamp("us", tz="UTC"))
     parts, ranges, txns = [], {}, []
     for partition, table in tables.items():
         start = queue.next_offset(partition, snapshot=dt)
         end = start + table.num_rows
         ranges[partition] = (start, end)
-        parts.append(_with_metadata(table, partition=partition, start=start, opts=opts, now=now))
+        parts.append(_with_metadata(table, partition=partition, start=start, opts=opts, now=now,
+                                    schema=queue.table_schema, based=queue.based))
         txns.append(Transaction(PARTITION_ID.id(partition), end))
     txns += [app_transaction(app_id, version, at_ms=at_ms)
              for app_id, version in opts.app_transactions]
@@ -287,9 +299,6 @@ def _attempt(
         data = queue.table_schema.empty_table()
     else:
         data = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-        if queue.based:  # the driver writes absolute offsets: base 0 (based.py)
-            data = data.append_column(BASE_FIELD, pa.array(np.zeros(data.num_rows, np.int64)))
-        data = _as_table_schema(data, queue.table_schema)
     # Step 4
     before = queue.cache.key(dt)
     write_deltalake(
@@ -306,17 +315,6 @@ def _attempt(
     queue.committed(dt, before=before, txns=[(t.app_id, t.version) for t in txns])
     return AppendResult(queue=queue.name, ranges=ranges, version=dt.version(), attempts=attempt,
                         metadata=dict(metadata))
-
-
-def _as_table_schema(data: pa.Table, schema: pa.Schema) -> pa.Table:
-    """``data`` under the table's schema. Its columns are the table's, in order, of the same types
-    (conformed payload, metadata built here) but with other nullability flags: then the columns
-    are only relabelled (a cast of a 100-row step's table cost more than building it); any other
-    difference goes through ``cast``, which converts or refuses."""
-    if data.column_names == schema.names and all(
-            c.type.equals(f.type) for c, f in zip(data.columns, schema, strict=True)):
-        return pa.Table.from_arrays(data.columns, schema=schema)
-    return data.cast(schema)
 
 
 def _ranges_text(ranges: Mapping[str, tuple[int, int]]) -> str:
