@@ -68,7 +68,6 @@ from cues_platform.queues.by_reference import (
     verify_based,
     verify_written,
 )
-from cues_platform.queues.errors import BatchError
 from cues_platform.queues.names import join_uri
 from cues_platform.queues.schema import (
     APPEND_TIME,
@@ -79,6 +78,7 @@ from cues_platform.queues.schema import (
     PRODUCER_SEQ,
     RESERVED,
     TXN_ID,
+    check_batch_rows,
 )
 
 # OutputWriter.AUTO: executors only for steps reading more than this many input rows. Measured on
@@ -165,11 +165,7 @@ def write_by_executors(
         rows = sum(counts.values())
         if rows == 0:
             return None
-        if rows > queue.max_batch_rows:
-            raise BatchError(
-                f"queue {queue.name!r}: the batch has {rows} rows, more than the queue's limit of "
-                f"{queue.max_batch_rows}; split it or raise max_batch_rows",
-                queue=queue.name, rows=rows, limit=queue.max_batch_rows)
+        check_batch_rows(rows, queue=queue.name, max_rows=queue.max_batch_rows)
         bases, acc = [], start
         for pid in sorted(counts):
             bases += [F.lit(pid), F.lit(acc)]
@@ -218,11 +214,7 @@ def write_based(frame: Any, queue: Queue, *, partition: str, delivery_hash: str,
         return read_written_paths(queue, [f"{relative}/{name}" for name in names], based=True)
     if written.rows == 0:
         return None
-    if written.rows > queue.max_batch_rows:
-        raise BatchError(
-            f"queue {queue.name!r}: the batch has {written.rows} rows, more than the queue's limit "
-            f"of {queue.max_batch_rows}; split it or raise max_batch_rows",
-            queue=queue.name, rows=written.rows, limit=queue.max_batch_rows)
+    check_batch_rows(written.rows, queue=queue.name, max_rows=queue.max_batch_rows)
     return written
 
 

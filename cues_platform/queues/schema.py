@@ -206,19 +206,21 @@ def _conversion_error(
                        "a pyarrow Table, a dict of columns or a list of row dicts", queue=queue)
 
 
+def check_batch_rows(rows: int, *, queue: str, max_rows: int) -> None:
+    """Raise :class:`BatchError` when one batch of ``rows`` rows exceeds the queue's limit."""
+    if rows > max_rows:
+        raise BatchError(
+            f"queue {queue!r}: the batch has {rows} rows, more than the queue's limit of "
+            f"{max_rows}; split it or raise max_batch_rows",
+            queue=queue, rows=rows, limit=max_rows)
+
+
 def conform(data: Any, payload: pa.Schema, *, queue: str, max_rows: int) -> pa.Table:
     """Return ``data`` as a table of exactly ``payload`` (columns in order, types cast safely)."""
     table = to_table(data, queue=queue, payload=payload)
     if table.num_rows == 0:
         raise BatchError(f"queue {queue!r}: the batch is empty; send at least one row", queue=queue)
-    if table.num_rows > max_rows:
-        raise BatchError(
-            f"queue {queue!r}: the batch has {table.num_rows} rows, more than the queue's limit of "
-            f"{max_rows}; split it or raise max_batch_rows",
-            queue=queue,
-            rows=table.num_rows,
-            limit=max_rows,
-        )
+    check_batch_rows(table.num_rows, queue=queue, max_rows=max_rows)
     if len(set(table.column_names)) != table.num_columns:
         twice = sorted({n for n in table.column_names if table.column_names.count(n) > 1})
         raise SchemaError(

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from pyspark.sql import functions as F
 
 from cues_platform.audit import audit
 from cues_platform.processing import GraphRunner, OutputWriter, SimulatedCrash, Strategy
+from cues_platform.processing.executor_output import write_by_executors
 from cues_platform.queues import OffsetLayout
 from cues_platform.queues.based import absolute
+from cues_platform.queues.errors import BatchError
 from cues_platform.queues.schema import DELIVERY_HASH, OFFSET
 from tests.processing.graphs import PID, CrashAt, build_graph, ids_of, load_inputs
 from tests.support import rows
@@ -144,3 +147,18 @@ def test_auto_writes_small_steps_on_the_driver(spark, lake) -> None:
     GraphRunner(graph=graph, lake=lake, spark=spark).run_until_idle()
     assert ids_of(lake, "b") == [2 * i for i in range(N)]
     assert not any(spark_written(lake, "b"))
+
+
+@LAYOUTS
+def test_a_step_over_the_queues_batch_limit_is_refused_on_the_executors_path_too(spark, lake, layout) -> None:
+    """The executors count the rows they wrote; over the queue's ``max_batch_rows`` the step is
+    refused with the driver path's error (one check, ``schema.check_batch_rows``), nothing
+    committed."""
+    q = lake.create_queue("small", schema=pa.schema([pa.field("id", pa.int64())]), max_batch_rows=5,
+                          offset_layout=layout)
+    frame = spark.range(10).select(F.col("id").cast("long").alias("id"))
+    with pytest.raises(BatchError) as err:
+        write_by_executors(frame, q, partition="0", delivery_hash="ab" * 32)
+    assert (err.value.queue, err.value.rows, err.value.limit) == ("small", 10, 5)
+    assert "more than the queue's limit of 5; split it or raise max_batch_rows" in str(err.value)
+    assert q.next_offset("0") == 0 and q.count() == 0
