@@ -6,6 +6,7 @@ when committed by reference. Every platform reader returns absolute offsets and 
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -422,6 +423,62 @@ def test_compaction_of_a_based_queue_merges_only_base_zero_files(make_queue) -> 
     first = min((f for f in after if f.base), key=lambda f: f.min_offset)
     got = q.read_arrow(partition="0", start=first.min_offset, end=first.max_offset + 1)
     assert got["_offset"].to_pylist() == list(range(first.min_offset, first.max_offset + 1))
+
+
+def test_a_compaction_between_verify_and_commit_leaves_the_step_its_offsets(make_queue) -> None:
+    """Another process compacts the partition (merging its base-0 files) after a step's files were
+    verified and before its commit: the commit still lands on top, each file based at the
+    partition's next offset, and every row reads back once at its offset."""
+    q = _many_small_files(make_queue, OffsetLayout.BASED)
+    want = {r[OFFSET]: r["id"] for r in q.read_arrow(partition="0").to_pylist()}
+    start = q.next_offset("0")
+    part = executor_step(q, [[9000, 9001], [9100, 9101, 9102]])
+    assert compact(q.lake.queue("small")).files_removed > 0  # another handle: another writer
+    result = commit_files(q, {"0": part})
+    assert result.ranges == {"0": (start, start + 5)}
+    want |= dict(zip(range(start, start + 5), [9000, 9001, 9100, 9101, 9102], strict=True))
+    table = q.read_arrow(partition="0")
+    assert dict(zip(table[OFFSET].to_pylist(), table["id"].to_pylist(), strict=True)) == want
+    assert table[OFFSET].to_pylist() == list(range(start + 5)) and verify_log(q) == []
+
+
+def test_compactions_racing_based_steps_and_appends_lose_and_repeat_no_row(make_queue) -> None:
+    """A thread compacts the queue over and over through its own handle while the test commits
+    based steps and driver appends: afterwards the offsets are dense, every id is at the offset
+    its commit returned, and the log check is clean."""
+    q = _many_small_files(make_queue, OffsetLayout.BASED)
+    want = {r[OFFSET]: r["id"] for r in q.read_arrow(partition="0").to_pylist()}
+    stop, compactions, errors = threading.Event(), [], []
+
+    def compactor() -> None:
+        other = q.lake.queue("small")
+        while not stop.is_set():
+            try:
+                compactions.append(compact(other).files_removed)
+            except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+                errors.append(exc)
+                return
+
+    thread = threading.Thread(target=compactor)
+    thread.start()
+    try:
+        for i in range(12):
+            base_id = 20_000 + 100 * i
+            if i % 2:
+                ids = [base_id, base_id + 1]
+                lo, hi = q.append(rows(base_id, 2), partition="0").ranges["0"]
+            else:
+                ids = [base_id + k for k in range(3)]
+                lo, hi = commit_step(q, [ids[:1], ids[1:]]).ranges["0"]
+            want |= dict(zip(range(lo, hi), ids, strict=True))
+    finally:
+        stop.set()
+        thread.join(timeout=120)
+    assert not errors, errors
+    assert sum(compactions) > 0  # the race happened: some compactions merged files meanwhile
+    table = q.lake.queue("small").read_arrow(partition="0")
+    assert dict(zip(table[OFFSET].to_pylist(), table["id"].to_pylist(), strict=True)) == want
+    assert table[OFFSET].to_pylist() == list(range(len(want))) and verify_log(q) == []
 
 
 # -- 7. formats this version cannot read -----------------------------------------------------------
