@@ -52,9 +52,12 @@ read here, with the file, its time and git commit: the paced-postings p99
 backlog with the default writer (``bench_driver_memory.py`` -> ``driver_memory.json``).
 
 Separately in the same run: the protocol's own work per step (exactly_once, tiny steps, measured
-with the step hooks) next to one small delta-rs commit; recovery after 10 and after
-``--recovery-steps`` one-commit steps, the home queue maintained as a deployment maintains it
-(the default retention, not forced to 0). The paced-postings latency (p99) is measured by
+with the step hooks) next to one small delta-rs commit timed after each step's commit (the two
+sides interleaved, step by step); recovery after 10 and after ``--recovery-steps`` one-commit
+steps, the home queue maintained as a deployment maintains it (the default retention, not forced
+to 0), both histories built first, then timed side by side: 15 rounds of one recovery each, the
+order rotated (until 2026-11-29 each side was timed in a block of its own, one after the other,
+which moved these two ratios by up to 0.4 between runs of the same code). The paced-postings latency (p99) is measured by
 ``bench/bench_participants.py``; this script reads it from that benchmark's JSON (``--postings-json``)
 and records where it came from.
 """
@@ -469,33 +472,45 @@ def step_ratio(runs: dict[str, list[Run]], ours: str, theirs: str) -> list[float
 
 
 # -- protocol work and one small commit ------------------------------------------------------------
-def small_commit_s(root: Path, n: int) -> float:
-    from deltalake import write_deltalake
+class SmallCommits:
+    """One small delta-rs commit (a 1-row append to a 2-column table, opened by its URI), timed:
+    the yardstick of the protocol-work target, taken between the steps it is compared with."""
 
-    uri = str(root / "small-commit")
-    table = pa.table({"a": [1], "b": ["x"]})
-    write_deltalake(uri, table)
-    times = []
-    for _ in range(n):
+    def __init__(self, root: Path) -> None:
+        from deltalake import write_deltalake
+
+        self.write, self.uri = write_deltalake, str(root / "small-commit")
+        self.table = pa.table({"a": [1], "b": ["x"]})
+        self.write(self.uri, self.table)
+        self.times: list[float] = []
+
+    def once(self) -> None:
         t = time.perf_counter()
-        write_deltalake(uri, table, mode="append")
-        times.append(time.perf_counter() - t)
-    return median(times)
+        self.write(self.uri, self.table, mode="append")
+        self.times.append(time.perf_counter() - t)
 
 
 def protocol_work(spark: Any, root: Path, steps: int, batch: int = 100) -> dict:
     """exactly_once at ``batch`` rows per step: per step, the time outside the read, the function
     and its materialization: (before_snapshot -> after_snapshot) + (after_prepare -> after_commit):
-    planning the ranges and the step's one home commit (rows, positions, snapshot metadata)."""
+    planning the ranges and the step's one home commit (rows, positions, snapshot metadata).
+    After each step's commit, one small delta-rs commit is timed (:class:`SmallCommits`), so both
+    sides of the ratio see the same machine state, step by step."""
     marks: list[tuple[str, float]] = []
+    small = SmallCommits(root)
     lake = Lake(root=str(root / "protocol"))
     g = cues_graph(Strategy.EXACTLY_ONCE, batch, fx=spark.createDataFrame(
         [(c, r) for c, r in RATES.items()], "currency string, rate double"))
     create_queues(g, lake)
     rng = np.random.default_rng(5)
     lake.queue("postings").append(chunk(0, batch * steps, rng), partition="0")
-    GraphRunner(graph=g, lake=lake, spark=spark, keep_results=False,
-                hook=lambda p: marks.append((p, time.perf_counter()))).run_until_idle()
+
+    def hook(point: str) -> None:
+        marks.append((point, time.perf_counter()))
+        if point == "after_commit":
+            small.once()
+
+    GraphRunner(graph=g, lake=lake, spark=spark, keep_results=False, hook=hook).run_until_idle()
     work, whole, current = [], [], {}
     for point, t in marks:
         current[point] = t
@@ -505,11 +520,13 @@ def protocol_work(spark: Any, root: Path, steps: int, batch: int = 100) -> dict:
             whole.append(c["after_commit"] - c["before_snapshot"])
     return {"steps": len(work), "rows_per_step": batch, "protocol_ms_p50": round(percentile(work, 50) * 1000, 2),
             "protocol_ms_p99": round(percentile(work, 99) * 1000, 2),
-            "step_ms_p50": round(percentile(whole, 50) * 1000, 2)}
+            "step_ms_p50": round(percentile(whole, 50) * 1000, 2),
+            "small_delta_commit_ms": round(median(small.times) * 1000, 3),
+            "small_commits": len(small.times)}
 
 
 # -- recovery at the real retention ----------------------------------------------------------------
-def recovery(spark: Any, root: Path, histories: list[int], runs: int = 7) -> dict:
+def recovery(spark: Any, root: Path, histories: list[int], runs: int = 15) -> dict:
     """Recovery after ``n`` one-commit steps of a map, its home queue as the steps leave it (a
     digest every 1,000 steps, the log trimmed below what the digests cover:
     ``bench_processors.build_history``) and maintained as a deployment maintains it (``cues
@@ -519,16 +536,25 @@ def recovery(spark: Any, root: Path, histories: list[int], runs: int = 7) -> dic
     from cues_platform.queues import maintenance
 
     out: dict[str, Any] = {}
+    roots, times = {}, {n: [] for n in histories}
     for n in histories:
         lake_root = root / f"recovery-{n}"
         lake = Lake(root=str(lake_root))
-        g = graph(Strategy.EXACTLY_ONCE, 10)
-        create_queues(g, lake)
-        build_history(lake, g, n)
+        create_queues(graph(Strategy.EXACTLY_ONCE, 10), lake)
+        build_history(lake, graph(Strategy.EXACTLY_ONCE, 10), n)
         maintenance.maintain(Lake(root=str(lake_root)).queue("converted"))
-        out[str(n)] = {"records": n, "recover_s_median": round(time_recovery(spark, str(lake_root), g, n, runs), 5)}
+        roots[n] = lake_root
+    g = graph(Strategy.EXACTLY_ONCE, 10)
+    for n in histories:  # warm-up, untimed
+        time_recovery(spark, str(roots[n]), g, n, 1)
+    for r in range(runs):  # side by side: one recovery of each history per round, order rotated
+        for n in histories[r % len(histories):] + histories[:r % len(histories)]:
+            times[n].append(time_recovery(spark, str(roots[n]), g, n, 1))
+    for n in histories:
+        out[str(n)] = {"records": n, "recover_s_median": round(median(times[n]), 5),
+                       "recover_s": [round(t, 5) for t in times[n]]}
         print("recovery", out[str(n)], flush=True)
-        shutil.rmtree(lake_root, ignore_errors=True)
+        shutil.rmtree(roots[n], ignore_errors=True)
     out["ratio_large_over_small"] = round(out[str(histories[-1])]["recover_s_median"]
                                           / out[str(histories[0])]["recover_s_median"], 3)
     return out
@@ -718,7 +744,7 @@ def main() -> None:
         data = generate(root, args.rows, args.small_rows)
         side, runs = side_by_side(spark, data, args.rounds, names)
         proto = protocol_work(spark, root, args.protocol_steps)
-        commit_s = small_commit_s(root, 30)
+        commit_s = proto["small_delta_commit_ms"] / 1000
         rec = recovery(spark, root, [10, args.recovery_steps]) if args.recovery_steps else None
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -745,7 +771,7 @@ def main() -> None:
         # other processes on the machine change the numbers: keep the 1-minute load with them
         "load_average_1m": {"start": load_start, "end": round(os.getloadavg()[0], 1)},
         "side_by_side": side, "throughput_ratios": ratios,
-        "protocol": {**proto, "small_delta_commit_ms": round(commit_s * 1000, 3)},
+        "protocol": proto,
         "recovery": rec, "paced_postings": paced, "driver_memory": memory,
         "targets": rows, "reported": reported(side),
     }
