@@ -537,14 +537,14 @@ def recovery(spark: Any, root: Path, histories: list[int], runs: int = 15) -> di
 
     out: dict[str, Any] = {}
     roots, times = {}, {n: [] for n in histories}
+    g = graph(Strategy.EXACTLY_ONCE, 10)
     for n in histories:
         lake_root = root / f"recovery-{n}"
         lake = Lake(root=str(lake_root))
-        create_queues(graph(Strategy.EXACTLY_ONCE, 10), lake)
-        build_history(lake, graph(Strategy.EXACTLY_ONCE, 10), n)
+        create_queues(g, lake)
+        build_history(lake, g, n)
         maintenance.maintain(Lake(root=str(lake_root)).queue("converted"))
         roots[n] = lake_root
-    g = graph(Strategy.EXACTLY_ONCE, 10)
     for n in histories:  # warm-up, untimed
         time_recovery(spark, str(roots[n]), g, n, 1)
     for r in range(runs):  # side by side: one recovery of each history per round, order rotated

@@ -136,18 +136,27 @@ def check_consumer(conn: psycopg.Connection, participant: str, *, lake: Lake | N
         if doubled:
             report.problems.append(f"{len(doubled)} posting(s) from {sender!r} with more than one "
                                    f"result: {doubled[:5]}{'...' if len(doubled) > 5 else ''}")
-    if lake.has_queue(POSTINGS):
-        postings = lake.queue(POSTINGS)
-        postings.refresh()
-        if participant in postings.partitions:
-            seen = conn.execute("SELECT count(DISTINCT (detail->>'offset')::bigint) FROM audit "
-                                "WHERE action = ANY(%s) AND detail ? 'offset'", (list(CONSUMER_ACTIONS),)).fetchone()[0]
-            behind = postings.next_offset(participant) - int(seen)
-            report.counts["postings_not_processed"] = behind
-            if behind:
-                report.problems.append(f"{behind} posting(s) on {POSTINGS}/{participant} not "
-                                       "processed yet (is a consumer instance running?)")
+    behind = postings_not_processed(conn, lake, participant)
+    if behind is not None:
+        report.counts["postings_not_processed"] = behind
+        if behind:
+            report.problems.append(f"{behind} posting(s) on {POSTINGS}/{participant} not "
+                                   "processed yet (is a consumer instance running?)")
     return report
+
+
+def postings_not_processed(conn: psycopg.Connection, lake: Lake, participant: str) -> int | None:
+    """Copies on the consumer's POSTINGS subject (replays included) that its audit trail has no
+    verdict for yet; None when the lake has no such subject."""
+    if not lake.has_queue(POSTINGS):
+        return None
+    postings = lake.queue(POSTINGS)
+    postings.refresh()
+    if participant not in postings.partitions:
+        return None
+    seen = conn.execute("SELECT count(DISTINCT (detail->>'offset')::bigint) FROM audit "
+                        "WHERE action = ANY(%s) AND detail ? 'offset'", (list(CONSUMER_ACTIONS),)).fetchone()[0]
+    return postings.next_offset(participant) - int(seen)
 
 
 def check_participant(conn: psycopg.Connection, participant: str, *,

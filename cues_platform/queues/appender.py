@@ -178,11 +178,8 @@ def _with_metadata(
     }
     if based:
         metadata[BASE] = pa.array(np.zeros(n, np.int64))
-    columns = [*table.columns, *(metadata[name] for name in _METADATA_NAMES)]
-    names = [*table.column_names, *_METADATA_NAMES]
-    if based:
-        columns.append(metadata[BASE])
-        names.append(BASE)
+    names = [*table.column_names, *_METADATA_NAMES, *([BASE] if based else [])]
+    columns = [*table.columns, *(metadata[name] for name in names[table.num_columns:])]
     if names == schema.names and all(c.type.equals(f.type) for c, f in zip(columns, schema, strict=True)):
         return pa.Table.from_arrays(columns, schema=schema)
     return pa.Table.from_arrays(columns, names=names).cast(schema)

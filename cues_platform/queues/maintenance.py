@@ -251,7 +251,8 @@ def tombstone_is_redundant(root: Path, path: str, deleted_ms: int | None) -> boo
         return False
 
 
-STAGED_CHECKPOINT_GLOB = ".cues-checkpoint-*.tmp"  # checkpoint_without_tombstones' staged files
+_STAGED_PREFIX, _STAGED_SUFFIX = ".cues-checkpoint-", ".tmp"  # names no log reader takes
+STAGED_CHECKPOINT_GLOB = f"{_STAGED_PREFIX}*{_STAGED_SUFFIX}"  # checkpoint_without_tombstones' files
 # A staged file lives for the milliseconds between its write and its link. One older than this is
 # a crashed writer's (SIGKILL between the two): the next checkpoint of the queue deletes it.
 STAGED_CHECKPOINT_MAX_AGE_S = 3600.0
@@ -319,7 +320,7 @@ def checkpoint_without_tombstones(queue: QueueHandle, *, version: int) -> int | 
         return None
     kept = state.filter(pa.array([not d for d in drop]))
     target = log / f"{version + 1:020d}.checkpoint.parquet"
-    staged = log / f".cues-checkpoint-{uuid.uuid4().hex}.tmp"  # a name no log reader takes
+    staged = log / f"{_STAGED_PREFIX}{uuid.uuid4().hex}{_STAGED_SUFFIX}"
     try:
         pq.write_table(kept, staged)
         os.link(staged, target)  # atomic, and never over an existing checkpoint

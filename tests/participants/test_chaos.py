@@ -48,7 +48,7 @@ import psycopg
 import pyarrow as pa
 import pytest
 
-from cues_platform.participants.checks import CONSUMER_ACTIONS
+from cues_platform.participants.checks import postings_not_processed
 from cues_platform.participants.db import Database
 from cues_platform.participants.model import POSTINGS, RESULTS, RESULTS_SCHEMA
 from cues_platform.participants.network import register
@@ -93,17 +93,12 @@ def _received(dsn: str, sender: str | None = None) -> int:
                             (sender,)).fetchone()[0]
 
 
-def _unprocessed(lake: Lake, dsn: str) -> int:
-    """Postings on the consumer's POSTINGS subject that its audit trail has no verdict for yet
-    (what ``check --complete`` counts): a replayed copy whose original already has its result is
-    still processed (suppressed) by the consumer, after the producer's count is complete."""
-    queue = lake.queue(POSTINGS)
-    queue.refresh()
+def _unprocessed(lake: Lake, dsn: str) -> int | None:
+    """Copies on the consumer's POSTINGS subject that it has not processed yet (what ``check
+    --complete`` counts): a replayed copy whose original already has its result is still processed
+    (suppressed) by the consumer, after the producer's count is complete."""
     with psycopg.connect(dsn) as conn:
-        seen = conn.execute("SELECT count(DISTINCT (detail->>'offset')::bigint) FROM audit "
-                            "WHERE action = ANY(%s) AND detail ? 'offset'",
-                            (list(CONSUMER_ACTIONS),)).fetchone()[0]
-    return queue.next_offset(CONSUMER) - int(seen)
+        return postings_not_processed(conn, lake, CONSUMER)  # None (no subject) never drains
 
 
 def _check(net: Network, participant: str, role: str, failures: list[str]) -> dict | None:
