@@ -214,6 +214,9 @@ def checkpoint(queue: QueueHandle) -> MaintenanceReport:
     """Write a Delta checkpoint at the current version, on a local lake a second one without the
     tombstones the files' modification times stand for (:func:`checkpoint_without_tombstones`),
     and drop the log entries that expired by the platform's clock (:func:`trim_expired_log`)."""
+    storage = TableStorage(queue.uri, queue.lake.options)
+    # a reader that listed the log before this call chose at most this checkpoint: it stays
+    listed = [int(n[:20]) for n in storage.log_entries() if n[:20].isdigit() and ".checkpoint." in n]
     dt = queue.refresh()
     dt.create_checkpoint()
     version = dt.version()
@@ -222,9 +225,9 @@ def checkpoint(queue: QueueHandle) -> MaintenanceReport:
         swept = sweep_staged_checkpoints(queue.lake.local_path(queue.uri) / LOG_DIR)
         version = checkpoint_without_tombstones(queue, version=version) or version
     retention_ms = log_retention_ms(queue.name, dt.metadata().configuration)
-    removed = trim_expired_log(TableStorage(queue.uri, queue.lake.options),
-                               retention_ms=retention_ms, now_ms=clock.now_ms(),
-                               real_now_ms=time.time_ns() // 1_000_000)
+    removed = trim_expired_log(storage, retention_ms=retention_ms, now_ms=clock.now_ms(),
+                               real_now_ms=time.time_ns() // 1_000_000,
+                               keep_from=max(listed, default=0))
     return MaintenanceReport(queue.name, checkpoint_version=version,
                              log_entries_removed=removed, staged_removed=swept)
 
@@ -385,10 +388,16 @@ def _commit_info(entry: bytes) -> dict | None:
 
 
 def trim_expired_log(storage: TableStorage, *, retention_ms: int, now_ms: int,
-                     real_now_ms: int) -> int:
+                     real_now_ms: int, keep_from: int | None = None) -> int:
     """Delete the log entries (commits, checkpoints, checksums) of the versions below the
-    second-newest checkpoint whose commit is older than ``retention_ms`` at ``now_ms`` (the
-    platform's clock); returns how many files went.
+    second-newest checkpoint (and below ``keep_from``) whose commit is older than
+    ``retention_ms`` at ``now_ms`` (the platform's clock); returns how many files went.
+
+    ``keep_from``: :func:`checkpoint` passes the newest checkpoint that existed before it wrote
+    its own two (the checkpoint and the one without tombstones): a reader that listed the log
+    just before chose that one and must still find it, even when the two new ones make it only
+    the third-newest (seen in the time nemesis: a producer's open failed on a checkpoint trimmed
+    between its listing and its read).
 
     Versions go oldest first and the trim stops at the first one it may not delete, so the log
     never has a hole and a crash in the middle leaves a log that loads. It stops at a commit that
@@ -408,7 +417,8 @@ def trim_expired_log(storage: TableStorage, *, retention_ms: int, now_ms: int,
     checkpoints = sorted({int(n[:20]) for n in names if ".checkpoint." in n})
     if len(checkpoints) < 2:
         return 0
-    cut, horizon = checkpoints[-2], now_ms - retention_ms
+    cut = checkpoints[-2] if keep_from is None else min(checkpoints[-2], keep_from)
+    horizon = now_ms - retention_ms
     step_horizon = min(now_ms, real_now_ms) - retention_ms
     versions: dict[int, list[str]] = {}
     for name in names:

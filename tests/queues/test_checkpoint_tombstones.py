@@ -19,6 +19,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
+from cues_platform import clock
 from cues_platform.dagster.maintenance import describe_maintenance
 from cues_platform.queues import maintenance
 from cues_platform.queues.layout import DEFAULT_VACUUM_RETENTION_HOURS
@@ -249,3 +250,29 @@ def test_a_writer_whose_staged_file_is_swept_meanwhile_writes_no_checkpoint_and_
     assert _staged(q) == set()
     assert q.lake.queue("events").read_arrow(partition="0")["id"].to_pylist() == list(range(12))
     assert checkpoint(q).checkpoint_version == version + 2 and len(_tombstones(q, version + 2)) == 0
+
+
+def test_the_checkpoint_a_reader_just_chose_survives_the_two_new_ones_and_the_trim(make_queue) -> None:
+    """Maintenance writes two checkpoints (with and without tombstones) and then trims expired
+    log entries. A reader that listed the log just before chose the newest checkpoint then: with
+    every entry expired (a clock a year ahead; an idle queue's month) it must still find that
+    checkpoint and every entry after it. The next maintenance may trim it."""
+    q = make_queue()
+    _old_files_compacted(q)
+    DeltaTable(q.uri).create_checkpoint()
+    chosen = q.version()  # the newest checkpoint a reader listing the log now would load
+    for i in range(2):
+        q.append(rows(100 + i, 1), partition="0")
+    clock.advance(seconds=400 * 86_400)
+    try:
+        report = checkpoint(q)
+        assert report.checkpoint_version > chosen and len(_checkpoints(q)) >= 3
+        assert chosen in _checkpoints(q)
+        assert DeltaTable(q.uri, version=chosen).version() == chosen  # the reader's snapshot loads
+        assert report.log_entries_removed > 0  # entries below it did go
+        q.append(rows(200, 1), partition="0")
+        checkpoint(q)
+        assert chosen not in _checkpoints(q)  # the next run trims it
+    finally:
+        clock.reset()
+    assert q.lake.queue("events").read_arrow(partition="0")["id"].to_pylist() == [*range(12), 100, 101, 200]
