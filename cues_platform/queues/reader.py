@@ -14,7 +14,7 @@ resolve_statuses``: a fenced coordinator decision), so a reader waits at most it
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -38,6 +38,7 @@ from cues_platform.queues.schema import (
     check_choice,
     check_int,
 )
+from cues_platform.queues.spark_values import step_constant, step_constant_sql
 
 if TYPE_CHECKING:
     from cues_platform.queues.handle import FileInfo, QueueHandle
@@ -70,6 +71,14 @@ class ReadPlan:
         the offset filter would keep every row, so the read skips it (Spark then need not read
         the ``_offset`` column to filter: ~0.1 s of a 1M-row backlog step's job)."""
         return all(self.start <= f.min_offset and f.max_offset < self.end for f in self.files)
+
+    @property
+    def pruning_pays(self) -> bool:
+        """The files hold more than twice the rows of the range: a filter with literal bounds,
+        which Spark pushes down to the Parquet reader to skip row groups, is worth compiling the
+        stage again for (``spark_values.py``); otherwise most rows are read anyway."""
+        held = sum(f.max_offset - f.min_offset + 1 for f in self.files)
+        return held > 2 * (self.end - self.start)
 
 
 def plan_read(
@@ -280,10 +289,10 @@ def execute_spark(queue: QueueHandle, spark: Any, plan: ReadPlan) -> Any:
             frame = frame.withColumn(OFFSET, spark_offset(bases))
         if plan.whole_files:
             pass  # every row of these files is in the range
-        elif connect:
-            frame = frame.where((F.col(OFFSET) >= plan.start) & (F.col(OFFSET) < plan.end))
-        else:
-            frame = frame.where(f"{_quoted(OFFSET)} >= {int(plan.start)} AND {_quoted(OFFSET)} < {int(plan.end)}")
+        elif plan.pruning_pays and not bases:  # literal bounds: pushed down, pruning row groups
+            frame = _where_offsets(frame, connect, plan.start, plan.end, constant=_literal)
+        else:  # the bounds as data: the same compiled stage as the previous step's read
+            frame = _where_offsets(frame, connect, plan.start, plan.end, constant=_step_constant)
         if plan.hidden_txns:
             frame = frame.where(
                 F.col(TXN_ID).isNull() | ~F.col(TXN_ID).isin(list(plan.hidden_txns))
@@ -293,6 +302,28 @@ def execute_spark(queue: QueueHandle, spark: Any, plan: ReadPlan) -> Any:
     partition = validate_partition(plan.partition)  # letters, digits, '_', '-', '.': a safe literal
     return frame.selectExpr(*(f"'{partition}' AS {_quoted(n)}" if n == PARTITION else _quoted(n)
                               for n in queue.read_schema.names))
+
+
+def _literal(value: int, sql: bool) -> Any:
+    from pyspark.sql import functions as F  # lazy: Spark is optional for Arrow-only processes
+
+    return str(int(value)) if sql else F.lit(int(value))
+
+
+def _step_constant(value: int, sql: bool) -> Any:
+    return step_constant_sql(value) if sql else step_constant(value)
+
+
+def _where_offsets(frame: Any, connect: bool, start: int, end: int, *,
+                   constant: Callable[[int, bool], Any]) -> Any:
+    """``frame``'s rows with ``start <= _offset < end``, the bounds made by ``constant``. A classic
+    session takes SQL text (one Py4J call), Spark Connect the Column API (built locally)."""
+    from pyspark.sql import functions as F  # lazy: Spark is optional for Arrow-only processes
+
+    if connect:
+        return frame.where((F.col(OFFSET) >= constant(start, False)) & (F.col(OFFSET) < constant(end, False)))
+    return frame.where(f"{_quoted(OFFSET)} >= {constant(start, True)} AND "
+                       f"{_quoted(OFFSET)} < {constant(end, True)}")
 
 
 def _quoted(column: str) -> str:

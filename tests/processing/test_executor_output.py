@@ -18,8 +18,9 @@ from cues_platform.queues import OffsetLayout
 from cues_platform.queues.based import absolute
 from cues_platform.queues.errors import BatchError
 from cues_platform.queues.schema import DELIVERY_HASH, OFFSET
+from cues_platform.queues.spark_values import step_constant
 from tests.processing.graphs import PID, CrashAt, build_graph, ids_of, load_inputs
-from tests.support import rows
+from tests.support import generated_code, rows
 
 N = 30
 
@@ -162,3 +163,22 @@ def test_a_step_over_the_queues_batch_limit_is_refused_on_the_executors_path_too
     assert (err.value.queue, err.value.rows, err.value.limit) == ("small", 10, 5)
     assert "more than the queue's limit of 5; split it or raise max_batch_rows" in str(err.value)
     assert q.next_offset("0") == 0 and q.count() == 0
+
+
+def test_the_append_time_is_data_not_code_so_every_step_reuses_the_compiled_stage(spark) -> None:
+    """Spark keeps compiled stages by their source; a long literal is written into the source. Two
+    steps' append times through ``step_constant`` give the same source (and each row its own
+    step's value); the same times as plain literals give two sources (the recompile it avoids)."""
+    first, second = 1_795_948_494_676_000, 1_795_948_555_123_456
+    frame = spark.range(4)
+
+    def stamped(column):
+        return frame.select("id", F.timestamp_micros(column).alias("t"))
+
+    ours = [stamped(step_constant(v)) for v in (first, second)]
+    literals = [stamped(F.lit(v)) for v in (first, second)]
+    assert generated_code(ours[0]) == generated_code(ours[1])
+    assert generated_code(literals[0]) != generated_code(literals[1])
+    for frame_, micros in zip(ours, (first, second), strict=True):
+        got = frame_.select(F.unix_micros("t").alias("m")).toArrow()["m"].to_pylist()
+        assert got == [micros] * 4

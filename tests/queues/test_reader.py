@@ -6,7 +6,7 @@ import pytest
 
 from cues_platform.queues import OffsetRangeError
 from cues_platform.queues.reader import plan_read
-from tests.support import rows
+from tests.support import generated_code, rows, spark_explained
 
 
 @pytest.fixture
@@ -84,3 +84,33 @@ def test_a_read_skips_the_offset_filter_only_when_every_file_lies_inside_the_ran
     assert filled.read_arrow(partition="a", start=start, end=end)["_offset"].to_pylist() == want
     frame = filled.read_spark(spark, partition="a", start=start, end=end)
     assert sorted(r["_offset"] for r in frame.collect()) == want
+
+
+def test_partial_reads_of_two_steps_compile_the_same_stage_and_read_their_own_rows(filled, spark) -> None:
+    """Bounds as data (spark_values.py): two steps' partial ranges over small files give the
+    same generated code; plain literal bounds would give two (the recompile it avoids)."""
+    frames = []
+    for start, end in [(12, 25), (13, 37)]:
+        plan = plan_read(filled, partition="a", start=start, end=end)
+        assert not plan.whole_files and not plan.pruning_pays
+        frame = filled.read_spark(spark, partition="a", start=start, end=end)
+        assert sorted(r["_offset"] for r in frame.collect()) == list(range(start, end))
+        frames.append(frame)
+    assert generated_code(frames[0]) == generated_code(frames[1])
+    literal = [frames[0].where(f"_offset >= {v}") for v in (1, 2)]
+    assert generated_code(literal[0]) != generated_code(literal[1])
+
+
+def test_a_small_range_of_a_big_file_keeps_literal_bounds_the_parquet_reader_prunes_by(make_queue, spark) -> None:
+    q = make_queue("big")
+    q.append(rows(0, 1000), partition="0")
+    plan = plan_read(q, partition="0", start=500, end=510)
+    assert plan.pruning_pays
+    frame = q.read_spark(spark, partition="0", start=500, end=510)
+    assert sorted(r["_offset"] for r in frame.collect()) == list(range(500, 510))
+    pushed = spark_explained(frame, "formatted")
+    assert "GreaterThanOrEqual(_offset,500)" in pushed and "LessThan(_offset,510)" in pushed
+    # a range covering most of the file: bounds as data, nothing pushed down for them
+    wide = q.read_spark(spark, partition="0", start=100, end=900)
+    assert "GreaterThanOrEqual(_offset" not in spark_explained(wide, "formatted")
+    assert wide.count() == 800
