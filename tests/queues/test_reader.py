@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cues_platform.queues import OffsetRangeError
-from cues_platform.queues.reader import plan_read
+from cues_platform.queues.reader import PRUNING_MIN_ROWS, plan_read
 from tests.support import generated_code, rows, spark_explained
 
 
@@ -103,14 +103,15 @@ def test_partial_reads_of_two_steps_compile_the_same_stage_and_read_their_own_ro
 
 def test_a_small_range_of_a_big_file_keeps_literal_bounds_the_parquet_reader_prunes_by(make_queue, spark) -> None:
     q = make_queue("big")
-    q.append(rows(0, 1000), partition="0")
+    q.append(rows(0, PRUNING_MIN_ROWS + 100), partition="0")
     plan = plan_read(q, partition="0", start=500, end=510)
     assert plan.pruning_pays
     frame = q.read_spark(spark, partition="0", start=500, end=510)
     assert sorted(r["_offset"] for r in frame.collect()) == list(range(500, 510))
     pushed = spark_explained(frame, "formatted")
     assert "GreaterThanOrEqual(_offset,500)" in pushed and "LessThan(_offset,510)" in pushed
-    # a range covering most of the file: bounds as data, nothing pushed down for them
-    wide = q.read_spark(spark, partition="0", start=100, end=900)
+    # fewer rows outside the range than PRUNING_MIN_ROWS: bounds as data, nothing pushed down
+    wide = q.read_spark(spark, partition="0", start=100, end=PRUNING_MIN_ROWS)
+    assert not plan_read(q, partition="0", start=100, end=PRUNING_MIN_ROWS).pruning_pays
     assert "GreaterThanOrEqual(_offset" not in spark_explained(wide, "formatted")
-    assert wide.count() == 800
+    assert wide.count() == PRUNING_MIN_ROWS - 100
