@@ -20,6 +20,7 @@ from cues_platform.processing.model import ReadAs
 from cues_platform.queues.handle import QueueHandle
 from cues_platform.queues.reader import ReadPlan, execute_arrow, execute_spark
 from cues_platform.queues.schema import OFFSET
+from cues_platform.queues.spark_values import step_constant_sql
 from cues_platform.spark.client import is_connect
 
 
@@ -38,7 +39,8 @@ def rows_between(frame: Any, start: int, end: int) -> Any:
     """The rows of ``frame`` with ``start <= _offset < end``, in the frame's own form."""
     if isinstance(frame, pa.Table):
         return frame.filter((pc.field(OFFSET) >= start) & (pc.field(OFFSET) < end))
-    return frame.where(f"{OFFSET} >= {int(start)} AND {OFFSET} < {int(end)}")
+    # the bounds as data: each half isolation reads runs the stage compiled once (spark_values.py)
+    return frame.where(f"{OFFSET} >= {step_constant_sql(start)} AND {OFFSET} < {step_constant_sql(end)}")
 
 
 def rows_at(frame: Any, offsets: Sequence[int]) -> pa.Table:

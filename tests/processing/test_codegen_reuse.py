@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 
 from cues_platform.processing import GraphRunner, OutputWriter
+from cues_platform.processing.inputs import rows_between
 from cues_platform.queues import OffsetLayout
 from cues_platform.queues.reader import ReadPlan
 from tests.processing.graphs import build_graph
-from tests.support import rows
+from tests.support import generated_code, rows
 
 STEPS_TO_WARM = 3  # the first steps compile: a read inside one file, one across two, the write
 
@@ -46,3 +47,13 @@ def test_literal_bounds_would_compile_every_step(spark, lake, monkeypatch) -> No
     monkeypatch.setattr(ReadPlan, "pruning_pays", property(lambda plan: True))
     per_step = compilations_per_step(spark, lake, build_graph("map", batch=7))
     assert all(n > 0 for n in per_step[STEPS_TO_WARM:]), per_step
+
+
+def test_the_halves_isolation_reads_share_one_compiled_stage(spark) -> None:  # noqa: ANN001
+    """Isolation narrows a failing step's input to halves, quarters, ... (``rows_between``): each
+    sub-range is the same code, and holds exactly its rows."""
+    frame = spark.range(100).withColumnRenamed("id", "_offset")
+    halves = [rows_between(frame, a, b) for a, b in [(0, 50), (50, 100), (25, 38)]]
+    assert len({generated_code(h) for h in halves}) == 1
+    assert [sorted(r["_offset"] for r in h.collect()) for h in halves] == [
+        list(range(0, 50)), list(range(50, 100)), list(range(25, 38))]
