@@ -25,7 +25,8 @@ what they write, plus three whole runs of bench_peers for reference:
   product before ``spark_values.py``; forced here by patching ``ReadPlan.pruning_pays``) and as
   the product reads them now (bounds as data: the stage compiled once);
 - ``spark_streaming_available_now``, ``cues_exactly_once_default`` (the product's default
-  step, driver write, absolute queue) and ``cues_default_executors_based`` (the same backlog
+  step, driver write, absolute queue), ``cues_exactly_once_default_based`` (the same into a
+  based queue, still the driver's write) and ``cues_default_executors_based`` (the same backlog
   step written by the executors in one job into a based queue: ``OutputWriter.EXECUTORS``).
 
 Derived per round (``derived`` in the JSON): the metadata's cost in Spark's writer
@@ -138,6 +139,7 @@ CONTENDERS = {
     "range_step_constant": run_range(literal=False),
     "spark_streaming_available_now": peers.CONTENDERS["spark_streaming_available_now"],
     "cues_exactly_once_default": peers.CONTENDERS["cues_exactly_once_default"],
+    "cues_exactly_once_default_based": peers.CONTENDERS["cues_exactly_once_default_based"],
     "cues_default_executors_based": peers.run_cues(Strategy.EXACTLY_ONCE, default_options=True,
                                                    writer=OutputWriter.EXECUTORS,
                                                    layout=OffsetLayout.BASED),
@@ -153,6 +155,10 @@ def derived(runs: dict[str, list[peers.Run]]) -> dict:
             [a / b for a, b in zip(s["range_literal"], s["range_step_constant"], strict=True)])
     needed = {"spark_batch", "spark_batch_metadata", "spark_batch_offset", "cues_default_executors_based",
               "spark_streaming_available_now", "cues_exactly_once_default"}
+    if {"cues_exactly_once_default_based", "cues_default_executors_based"} <= set(s):
+        out["executors_vs_driver_on_a_based_queue (throughput)"] = _per_round(
+            [a / b for a, b in zip(s["cues_exactly_once_default_based"], s["cues_default_executors_based"],
+                                   strict=True)])
     if not needed <= set(s):
         return out
     rounds = range(len(runs["spark_batch"]))
