@@ -39,7 +39,7 @@ def test_every_import_inside_a_function_names_why_it_is_lazy() -> None:
 
 # docs/architecture.md, "Storage": the floors of queues/, each in its order
 QUEUE_FLOORS = [
-    ["errors", "names", "schema", "filesystems", "faults", "confine"],
+    ["errors", "names", "schema", "filesystems", "faults", "confine", "spark_values"],
     ["layout", "based", "integrity", "creation", "snapshot_cache", "writer_lock"],
     ["location", "handle"],
     ["appender", "by_reference", "idempotence", "producer", "maintenance", "positions",

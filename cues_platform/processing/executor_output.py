@@ -88,10 +88,10 @@ from cues_platform.queues.spark_values import step_constant
 # driver is faster; above it the driver's memory grows with the step and the executors' does not.
 AUTO_EXECUTOR_ROWS = 1_000_000
 # The same for a queue with based offsets, where the executors' write is ONE job: measured on 2
-# quiet local cores (docs/benchmarks.md), Spark's Parquet writer with the 7 metadata columns per
-# row is still slower than the driver's Arrow + delta-rs write (1M rows: 1.52 s against 1.34 s;
-# 10 steps of 100k: 4.19 s against 2.75 s), so the threshold stays; above it the one job saves
-# the counting job and the rewrite when another writer moved the partition.
+# quiet local cores (docs/benchmarks.md, write_cost-4.json), the executors' write of a 1M backlog
+# step and the driver's are level (0.98x), and 10 steps of 100k are slower on the executors (Spark's
+# Parquet writer, row by row, against Arrow and delta-rs), so the threshold stays; above it the one
+# job saves the counting job and the rewrite when another writer moved the partition.
 _PID, _MID = "__cues_pid", "__cues_mid"
 
 
