@@ -40,7 +40,8 @@ def rows_between(frame: Any, start: int, end: int) -> Any:
     if isinstance(frame, pa.Table):
         return frame.filter((pc.field(OFFSET) >= start) & (pc.field(OFFSET) < end))
     # the bounds as data: each half isolation reads runs the stage compiled once (spark_values.py)
-    return frame.where(f"{OFFSET} >= {step_constant_sql(start)} AND {OFFSET} < {step_constant_sql(end)}")
+    low, high = step_constant_sql(start, over=OFFSET), step_constant_sql(end, over=OFFSET)
+    return frame.where(f"{OFFSET} >= {low} AND {OFFSET} < {high}")
 
 
 def rows_at(frame: Any, offsets: Sequence[int]) -> pa.Table:

@@ -317,7 +317,7 @@ def _literal(value: int, sql: bool) -> Any:
 
 
 def _step_constant(value: int, sql: bool) -> Any:
-    return step_constant_sql(value) if sql else step_constant(value)
+    return step_constant_sql(value, over=OFFSET) if sql else step_constant(value, over=OFFSET)
 
 
 def _where_offsets(frame: Any, connect: bool, start: int, end: int, *,

@@ -49,10 +49,13 @@ def test_literal_bounds_would_compile_every_step(spark, lake, monkeypatch) -> No
     assert all(n > 0 for n in per_step[STEPS_TO_WARM:]), per_step
 
 
-def test_the_halves_isolation_reads_share_one_compiled_stage(spark) -> None:  # noqa: ANN001
+def test_the_halves_isolation_reads_share_one_compiled_stage(spark, tmp_path) -> None:  # noqa: ANN001
     """Isolation narrows a failing step's input to halves, quarters, ... (``rows_between``): each
-    sub-range is the same code, and holds exactly its rows."""
-    frame = spark.range(100).withColumnRenamed("id", "_offset")
+    sub-range is the same code, and holds exactly its rows. The input is read from files, as a
+    step's is (Spark reads every file column as nullable; ``spark_values.py`` says why that
+    matters)."""
+    spark.range(100).withColumnRenamed("id", "_offset").write.parquet(str(tmp_path / "input"))
+    frame = spark.read.parquet(str(tmp_path / "input"))
     halves = [rows_between(frame, a, b) for a, b in [(0, 50), (50, 100), (25, 38)]]
     assert len({generated_code(h) for h in halves}) == 1
     assert [sorted(r["_offset"] for r in h.collect()) for h in halves] == [

@@ -115,3 +115,12 @@ def test_a_small_range_of_a_big_file_keeps_literal_bounds_the_parquet_reader_pru
     assert not plan_read(q, partition="0", start=100, end=PRUNING_MIN_ROWS).pruning_pays
     assert "GreaterThanOrEqual(_offset" not in spark_explained(wide, "formatted")
     assert wide.count() == PRUNING_MIN_ROWS - 100
+
+
+def test_a_functions_filter_on_a_partial_read_still_reaches_the_parquet_reader(filled, spark) -> None:
+    """The bounds as data stay deterministic (zero times ``_offset``), so Spark still pushes a
+    filter the function adds on a payload column down to the Parquet reader (it pushes no
+    filter through a non-deterministic one)."""
+    frame = filled.read_spark(spark, partition="a", start=12, end=25).where("id > 20")
+    assert "GreaterThan(id,20)" in spark_explained(frame, "formatted")
+    assert sorted(r["id"] for r in frame.collect()) == list(range(21, 25))
