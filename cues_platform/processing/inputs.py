@@ -18,9 +18,8 @@ import pyarrow.compute as pc
 
 from cues_platform.processing.model import ReadAs
 from cues_platform.queues.handle import QueueHandle
-from cues_platform.queues.reader import ReadPlan, execute_arrow, execute_spark
+from cues_platform.queues.reader import ReadPlan, execute_arrow, execute_spark, where_offsets
 from cues_platform.queues.schema import OFFSET
-from cues_platform.queues.spark_values import step_constant_sql
 from cues_platform.spark.client import is_connect
 
 
@@ -40,8 +39,7 @@ def rows_between(frame: Any, start: int, end: int) -> Any:
     if isinstance(frame, pa.Table):
         return frame.filter((pc.field(OFFSET) >= start) & (pc.field(OFFSET) < end))
     # the bounds as data: each half isolation reads runs the stage compiled once (spark_values.py)
-    low, high = step_constant_sql(start, over=OFFSET), step_constant_sql(end, over=OFFSET)
-    return frame.where(f"{OFFSET} >= {low} AND {OFFSET} < {high}")
+    return where_offsets(frame, start, end, connect=is_connect(frame.sparkSession))
 
 
 def rows_at(frame: Any, offsets: Sequence[int]) -> pa.Table:

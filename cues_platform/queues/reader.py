@@ -14,7 +14,7 @@ resolve_statuses``: a fenced coordinator decision), so a reader waits at most it
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -295,10 +295,9 @@ def execute_spark(queue: QueueHandle, spark: Any, plan: ReadPlan) -> Any:
             frame = frame.withColumn(OFFSET, spark_offset(bases))
         if plan.whole_files:
             pass  # every row of these files is in the range
-        elif plan.pruning_pays and not bases:  # literal bounds: pushed down, pruning row groups
-            frame = _where_offsets(frame, connect, plan.start, plan.end, constant=_literal)
-        else:  # the bounds as data: the same compiled stage as the previous step's read
-            frame = _where_offsets(frame, connect, plan.start, plan.end, constant=_step_constant)
+        else:  # literal bounds (pushed down, pruning row groups) only where pruning pays
+            frame = where_offsets(frame, plan.start, plan.end, connect=connect,
+                                  as_data=bool(bases) or not plan.pruning_pays)
         if plan.hidden_txns:
             frame = frame.where(
                 F.col(TXN_ID).isNull() | ~F.col(TXN_ID).isin(list(plan.hidden_txns))
@@ -310,26 +309,24 @@ def execute_spark(queue: QueueHandle, spark: Any, plan: ReadPlan) -> Any:
                               for n in queue.read_schema.names))
 
 
-def _literal(value: int, sql: bool) -> Any:
-    from pyspark.sql import functions as F  # lazy: Spark is optional for Arrow-only processes
-
-    return str(int(value)) if sql else F.lit(int(value))
-
-
-def _step_constant(value: int, sql: bool) -> Any:
-    return step_constant_sql(value, over=OFFSET) if sql else step_constant(value, over=OFFSET)
-
-
-def _where_offsets(frame: Any, connect: bool, start: int, end: int, *,
-                   constant: Callable[[int, bool], Any]) -> Any:
-    """``frame``'s rows with ``start <= _offset < end``, the bounds made by ``constant``. A classic
-    session takes SQL text (one Py4J call), Spark Connect the Column API (built locally)."""
+def where_offsets(frame: Any, start: int, end: int, *, connect: bool, as_data: bool = True) -> Any:
+    """``frame``'s rows with ``start <= _offset < end``. ``as_data``: the bounds as data, not code
+    (``spark_values.py``: the stage compiled once for every range); else literals, which Spark
+    pushes down to the Parquet reader. A classic session takes SQL text (one Py4J call), Spark
+    Connect the Column API (built locally)."""
     from pyspark.sql import functions as F  # lazy: Spark is optional for Arrow-only processes
 
     if connect:
-        return frame.where((F.col(OFFSET) >= constant(start, False)) & (F.col(OFFSET) < constant(end, False)))
-    return frame.where(f"{_quoted(OFFSET)} >= {constant(start, True)} AND "
-                       f"{_quoted(OFFSET)} < {constant(end, True)}")
+        def bound(v: int) -> Any:
+            return step_constant(v, over=OFFSET) if as_data else F.lit(int(v))
+
+        return frame.where((F.col(OFFSET) >= bound(start)) & (F.col(OFFSET) < bound(end)))
+
+    def text(v: int) -> str:
+        return step_constant_sql(v, over=OFFSET) if as_data else str(int(v))
+
+    column = _quoted(OFFSET)
+    return frame.where(f"{column} >= {text(start)} AND {column} < {text(end)}")
 
 
 def _quoted(column: str) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from cues_platform.queues import OffsetRangeError
@@ -124,3 +126,17 @@ def test_a_functions_filter_on_a_partial_read_still_reaches_the_parquet_reader(f
     frame = filled.read_spark(spark, partition="a", start=12, end=25).where("id > 20")
     assert "GreaterThan(id,20)" in spark_explained(frame, "formatted")
     assert sorted(r["id"] for r in frame.collect()) == list(range(21, 25))
+
+
+def test_threads_reading_their_own_ranges_through_one_compiled_stage_each_get_their_rows(filled, spark) -> None:
+    """Lanes step concurrently on one Spark session (processing/lanes.py): with the bounds as data
+    their reads share one compiled class, each with its own values, on one queue handle."""
+    ranges = [(11 + i, 24 + 2 * i) for i in range(8)]
+
+    def read(bounds: tuple[int, int]) -> list[int]:
+        frame = filled.read_spark(spark, partition="a", start=bounds[0], end=bounds[1])
+        return sorted(r["_offset"] for r in frame.collect())
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        got = list(pool.map(read, ranges * 3))
+    assert got == [list(range(s, e)) for s, e in ranges * 3]
