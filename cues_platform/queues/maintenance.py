@@ -216,7 +216,7 @@ def checkpoint(queue: QueueHandle) -> MaintenanceReport:
     and drop the log entries that expired by the platform's clock (:func:`trim_expired_log`)."""
     storage = TableStorage(queue.uri, queue.lake.options)
     # a reader that listed the log before this call chose at most this checkpoint: it stays
-    listed = [int(n[:20]) for n in storage.log_entries() if n[:20].isdigit() and ".checkpoint." in n]
+    listed = checkpoint_versions(versioned_entries(storage))
     dt = queue.refresh()
     dt.create_checkpoint()
     version = dt.version()
@@ -413,8 +413,8 @@ def trim_expired_log(storage: TableStorage, *, retention_ms: int, now_ms: int,
     (a skew, the fault harness's time nemesis) never expires one early; ``cues queue maintain``
     digests a home before this trim, and the stepper trims its home by count below its digests
     (``home.trim_home_log``)."""
-    names = [n for n in storage.log_entries() if n[:20].isdigit()]
-    checkpoints = sorted({int(n[:20]) for n in names if ".checkpoint." in n})
+    names = versioned_entries(storage)
+    checkpoints = checkpoint_versions(names)
     if len(checkpoints) < 2:
         return 0
     cut = checkpoints[-2] if keep_from is None else min(checkpoints[-2], keep_from)
@@ -442,6 +442,16 @@ def trim_expired_log(storage: TableStorage, *, retention_ms: int, now_ms: int,
     return removed
 
 
+def versioned_entries(storage: TableStorage) -> list[str]:
+    """The names in the table's ``_delta_log`` that start with a version (commits, checkpoints)."""
+    return [n for n in storage.log_entries() if n[:20].isdigit()]
+
+
+def checkpoint_versions(names: list[str]) -> list[int]:
+    """The versions that have a checkpoint among the log entry ``names``, ascending, each once."""
+    return sorted({int(n[:20]) for n in names if ".checkpoint." in n})
+
+
 def trim_log(storage: TableStorage, *, upto: int | None = None) -> int:
     """Delete the log entries older than the second-newest checkpoint at or below version
     ``upto`` (default: any); returns how many. Nothing is deleted with fewer than two such
@@ -453,9 +463,8 @@ def trim_log(storage: TableStorage, *, upto: int | None = None) -> int:
     entries nobody reads are trimmed: system tables (``positions.py``) and a processor's home
     queue below what its digests hold (``processing/home.py``). Entries go oldest first, so a
     crash in the middle leaves a log that still loads."""
-    names = [n for n in storage.log_entries() if n[:20].isdigit()]
-    checkpoints = sorted({int(n[:20]) for n in names
-                          if ".checkpoint." in n and (upto is None or int(n[:20]) <= upto)})
+    names = versioned_entries(storage)
+    checkpoints = [v for v in checkpoint_versions(names) if upto is None or v <= upto]
     if len(checkpoints) < 2:
         return 0
     old = [f"{LOG_DIR}/{n}" for n in names if int(n[:20]) < checkpoints[-2]]
