@@ -28,10 +28,11 @@ Alternatives, each a whole step, patched in by this script (nothing in the produ
   ``notes``).
 - ``stream_roll``: the same stream, cut into files of ``--roll-rows`` rows, each written by a
   2-thread pool while the next rows arrive.
-- ``driver_parallel_k``: the product's driver path up to the metadata columns, then the table
-  cut into k contiguous slices written by k threads with pyarrow (offsets stay in the product's
-  order) and committed in the same one commit through ``create_write_transaction`` with the
-  same ``CommitProperties`` (``k = 1``: pyarrow's writer instead of delta-rs', one thread).
+- ``deltars_writer``: the product with every append written by delta-rs' ``write_deltalake``
+  (``parallel_files.PARALLEL_MIN_ROWS`` raised out of reach): the driver path before a big
+  append's files were written on several threads (``queues/parallel_files.py``, 2026-11-29).
+  Until then this script had ``driver_parallel_k`` contenders patching the same idea in from
+  outside (``write_path.json``, ``write_path-2.json``); the product does it now (``baseline``).
 - ``arrow_batch_100k``: the product with ``spark.sql.execution.arrow.maxRecordsPerBatch`` 100k
   (Spark's default is 10k).
 - ``executors``: ``OutputWriter.EXECUTORS`` (two Spark jobs, the executors write the files).
@@ -77,7 +78,11 @@ from cues_platform import clock  # noqa: E402
 from cues_platform.processing import GraphRunner, OutputWriter, Strategy  # noqa: E402
 from cues_platform.processing import step as step_module  # noqa: E402
 from cues_platform.processing.runner import create_queues  # noqa: E402
-from cues_platform.queues import Lake, OffsetLayout  # noqa: E402
+from cues_platform.queues import (  # noqa: E402
+    Lake,
+    OffsetLayout,
+    parallel_files,  # noqa: E402
+)
 from cues_platform.queues import appender as appender_module  # noqa: E402
 from cues_platform.queues.appender import AppendOptions, append_batches  # noqa: E402
 from cues_platform.queues.by_reference import read_footer, verify_written  # noqa: E402
@@ -176,6 +181,7 @@ def instrumented(timers: Timers) -> contextlib.ExitStack:
         (step_module, "conformed", "conform"),
         (appender_module, "_with_metadata", "metadata_columns"),
         (appender_module, "write_deltalake", "deltars_write_and_commit"),
+        (parallel_files, "write_parts", "parallel_write_and_commit"),
     ]:
         stack.enter_context(patched(target, name, timers.wrap(label, getattr(target, name))))
     return stack
@@ -276,42 +282,6 @@ def always_this_output(processor: Any, graph: Any, by_binding: Any, *, home: str
 
 
 # -- alternative (b): k threads writing Parquet slices, one commit ---------------------------------
-def parallel_write_deltalake(queue_of: Callable[[], Any], k: int) -> Callable[..., Any]:
-    """A stand-in for ``write_deltalake(dt, data, mode="append", ...)`` inside ``append_batches``:
-    ``data`` (already numbered, with its metadata columns) cut into k contiguous slices per
-    partition, written by k threads, committed in one ``create_write_transaction`` with the same
-    commit properties (app transactions, metadata)."""
-    from deltalake.transaction import AddAction
-
-    def write(dt: Any, data: pa.Table, *, mode: str, partition_by: list[str], commit_properties: Any,
-              post_commithook_properties: Any) -> None:
-        queue = queue_of()
-        at_ms = clock.now_ms()
-        jobs: list[tuple[str, str, pa.Table]] = []
-        for value in pc.unique(data[PARTITION]).to_pylist():
-            part = data.filter(pc.equal(data[PARTITION], value)).drop_columns([PARTITION])
-            step = -(-part.num_rows // k)
-            for i in range(0, part.num_rows, step):
-                jobs.append((value, f"_partition={value}/part-{uuid.uuid4().hex}.parquet", part.slice(i, step)))
-        filesystem, root = filesystem_for(queue.uri, queue.lake.options)
-
-        def one(job: tuple[str, str, pa.Table]) -> Any:
-            value, relative, table = job
-            filesystem.create_dir(f"{root}/_partition={value}", recursive=True)
-            pq.write_table(table, f"{root}/{relative}", filesystem=filesystem)
-            f = read_footer(queue, relative)
-            return AddAction(relative, f.size, {PARTITION: value}, at_ms, True, f.stats)
-
-        with ThreadPoolExecutor(max(1, k)) as pool:
-            actions = list(pool.map(one, jobs))
-        dt.create_write_transaction(actions, mode="append", schema=queue.table_schema, partition_by=partition_by,
-                                    commit_properties=commit_properties,
-                                    post_commithook_properties=post_commithook_properties)
-        dt.update_incremental()
-
-    return write
-
-
 # -- contenders ------------------------------------------------------------------------------------
 def cues_step(variant: str, args: argparse.Namespace) -> Callable[..., dict]:
     def run(spark: Any, data: Data, fx: Any, work: Path) -> dict:
@@ -329,10 +299,8 @@ def cues_step(variant: str, args: argparse.Namespace) -> Callable[..., dict]:
             roll = None if variant == "stream_1file" else args.roll_rows
             stack.enter_context(patched(step_module, "executor_output", always_this_output))
             stack.enter_context(patched(step_module, "write_by_executors", stream_writer(roll)))
-        elif variant.startswith("driver_parallel_"):
-            k = int(variant.rsplit("_", 1)[1])
-            stack.enter_context(patched(appender_module, "write_deltalake",
-                                        parallel_write_deltalake(lambda: lake.queue(OUTPUT[LAYOUT]), k)))
+        elif variant == "deltars_writer":
+            stack.enter_context(patched(parallel_files, "PARALLEL_MIN_ROWS", 2**62))
         elif variant == "arrow_batch_100k":
             old = spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")
             spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "100000")
@@ -466,7 +434,7 @@ def write_side(spark: Any, data: Data, fx: Any, cpu: Cpu, reps: int, root: Path)
                     max_rows=10_000_000)
     n = [0]
 
-    def append(writer: Callable[..., Any] | None, properties: Any = None) -> Callable[[], Any]:
+    def append(*, parallel: bool, properties: Any = None) -> Callable[[], Any]:
         def run() -> Any:
             n[0] += 1
             lake_root = root / f"write-side-{n[0]}"
@@ -474,9 +442,9 @@ def write_side(spark: Any, data: Data, fx: Any, cpu: Cpu, reps: int, root: Path)
             lake = Lake(root=str(lake_root))
             queue = lake.queue(OUTPUT[LAYOUT])
             stack = contextlib.ExitStack()
-            if writer is not None:
-                stack.enter_context(patched(appender_module, "write_deltalake", writer(lambda: queue)))
-            elif properties is not None:
+            if not parallel:  # delta-rs' write_deltalake, as for appends below the threshold
+                stack.enter_context(patched(parallel_files, "PARALLEL_MIN_ROWS", 2**62))
+            if properties is not None:
                 original = appender_module.write_deltalake
                 stack.enter_context(patched(appender_module, "write_deltalake",
                                             lambda *a, **k: original(*a, writer_properties=properties, **k)))
@@ -489,12 +457,10 @@ def write_side(spark: Any, data: Data, fx: Any, cpu: Cpu, reps: int, root: Path)
         return run
 
     variants = {
-        "deltars_write_deltalake (product)": append(None),
-        "pyarrow_1_thread": append(lambda q: parallel_write_deltalake(q, 1)),
-        "pyarrow_2_threads": append(lambda q: parallel_write_deltalake(q, 2)),
-        "pyarrow_4_threads": append(lambda q: parallel_write_deltalake(q, 4)),
-        "deltars_lz4": append(None, WriterProperties(compression="LZ4")),
-        "deltars_uncompressed": append(None, WriterProperties(compression="UNCOMPRESSED")),
+        "parallel_files (product: a thread per core)": append(parallel=True),
+        "deltars_write_deltalake (before parallel_files)": append(parallel=False),
+        "deltars_lz4": append(parallel=False, properties=WriterProperties(compression="LZ4")),
+        "deltars_uncompressed": append(parallel=False, properties=WriterProperties(compression="UNCOMPRESSED")),
     }
     out = interleaved(variants, reps, cpu, "write side")
     out["rows"] = table.num_rows
@@ -547,7 +513,7 @@ def spark_side(spark: Any, data: Data, fx: Any, cpu: Cpu, reps: int, root: Path)
 
 def contenders(args: argparse.Namespace) -> dict[str, Callable[..., dict]]:
     out: dict[str, Callable[..., dict]] = {}
-    for name in ["baseline", "stream_1file", "stream_roll", "driver_parallel_1", "driver_parallel_2",
+    for name in ["baseline", "stream_1file", "stream_roll", "deltars_writer",
                  "arrow_batch_100k", "executors"]:
         out[name] = cues_step(name, args)
     out["spark_batch"] = spark_reference(noop=False)
@@ -658,8 +624,9 @@ def main() -> None:
         "stream_*: offsets are dense and the step is one commit, but rows are numbered in the order "
         "Spark's partitions FINISH (offsets_follow_input_order says whether that happened to be the "
         "input's order); the product numbers them in partition order.",
-        "driver_parallel_k: offsets in the product's order; one commit with the product's app "
-        "transactions and metadata (create_write_transaction instead of write_deltalake).",
+        "deltars_writer: the product with every append written by delta-rs' write_deltalake (the "
+        "driver path before queues/parallel_files.py); baseline writes a big append's files on "
+        "several threads.",
     ]
     for name, c in result["contenders"].items():
         print(f"{name:20} median {c['median_s']:.3f} s  speed vs baseline {c['speed_vs_baseline_median']:.3f} "

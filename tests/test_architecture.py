@@ -41,7 +41,7 @@ def test_every_import_inside_a_function_names_why_it_is_lazy() -> None:
 QUEUE_FLOORS = [
     ["errors", "names", "schema", "filesystems", "faults", "confine", "spark_values"],
     ["layout", "based", "integrity", "creation", "snapshot_cache", "writer_lock"],
-    ["location", "handle"],
+    ["location", "handle", "parallel_files"],
     ["appender", "by_reference", "idempotence", "producer", "maintenance", "positions",
      "coordinator", "transactions", "reader", "tailer", "retention"],
     ["queue", "lake", "__init__"],

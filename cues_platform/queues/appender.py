@@ -16,7 +16,10 @@ advisory lock, waited for at most 2 s; it saves step 5's wasted attempts, safety
 4. Write the Parquet files and commit them in ONE Delta commit that also carries the app
    transactions ``part:{partition} = next + rows`` (one per written partition), the producer's
    ``prod:{id} = sequence`` and ``pepoch:{id} = epoch`` and any extra ones, and the commit metadata
-   (``cues.producer = {id}#{sequence}``, ``cues.digest``, ``cues.ranges``).
+   (``cues.producer = {id}#{sequence}``, ``cues.digest``, ``cues.ranges``). delta-rs'
+   ``write_deltalake`` writes the files, except for an append of at least
+   ``parallel_files.PARALLEL_MIN_ROWS`` rows to a local lake: its files are written on a thread
+   per core and committed as add actions, in the same one commit (``parallel_files.py``).
 5. If another writer committed an app transaction with the same id since step 1 (it took the same
    offsets, or it is another instance of the same producer), delta-rs rejects the commit with a
    concurrent-transaction conflict: back off with jitter and go to 1. Writers to other partitions
@@ -56,6 +59,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from cues_platform.clock import now_ms
+from cues_platform.queues import parallel_files
 from cues_platform.queues.errors import BatchError, ConcurrentAppendError
 from cues_platform.queues.faults import translated
 from cues_platform.queues.layout import COMMIT_HOOKS, expires
@@ -282,35 +286,35 @@ def _attempt(
     # Step 3
     at_ms = now_ms()  # the platform's clock: retention by age reads _append_time (clock.py)
     now = pa.scalar(at_ms * 1000, pa.timestamp("us", tz="UTC"))
-    parts, ranges, txns = [], {}, []
+    parts: dict[str, pa.Table] = {}
+    ranges, txns = {}, []
     for partition, table in tables.items():
         start = queue.next_offset(partition, snapshot=dt)
         end = start + table.num_rows
         ranges[partition] = (start, end)
-        parts.append(_with_metadata(table, partition=partition, start=start, opts=opts, now=now,
-                                    schema=queue.table_schema, based=queue.based))
+        parts[partition] = _with_metadata(table, partition=partition, start=start, opts=opts, now=now,
+                                          schema=queue.table_schema, based=queue.based)
         txns.append(Transaction(PARTITION_ID.id(partition), end))
     txns += [app_transaction(app_id, version, at_ms=at_ms)
              for app_id, version in opts.app_transactions]
-    if not parts:
-        data = queue.table_schema.empty_table()
-    else:
-        data = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    properties = CommitProperties(
+        app_transactions=txns, max_commit_retries=REBASE_RETRIES,
+        custom_metadata={**metadata, "cues.ranges": _ranges_text(ranges)},
+    )
     # Step 4
     before = queue.cache.key(dt)
-    write_deltalake(
-        dt,
-        data,
-        mode="append",
-        partition_by=queue.partition_columns,
-        commit_properties=CommitProperties(
-            app_transactions=txns, max_commit_retries=REBASE_RETRIES,
-            custom_metadata={**metadata, "cues.ranges": _ranges_text(ranges)},
-        ),
-        post_commithook_properties=COMMIT_HOOKS,
-    )
+    rows = sum(t.num_rows for t in parts.values())
+    if parallel_files.pays(queue, rows):
+        # a big append: its files written on several threads, committed on this snapshot
+        version = parallel_files.write_parts(queue, dt, parts, at_ms=at_ms, properties=properties)
+    else:
+        data = (queue.table_schema.empty_table() if not parts
+                else pa.concat_tables(parts.values()) if len(parts) > 1 else next(iter(parts.values())))
+        write_deltalake(dt, data, mode="append", partition_by=queue.partition_columns,
+                        commit_properties=properties, post_commithook_properties=COMMIT_HOOKS)
+        version = dt.version()
     queue.committed(dt, before=before, txns=[(t.app_id, t.version) for t in txns])
-    return AppendResult(queue=queue.name, ranges=ranges, version=dt.version(), attempts=attempt,
+    return AppendResult(queue=queue.name, ranges=ranges, version=version, attempts=attempt,
                         metadata=dict(metadata))
 
 

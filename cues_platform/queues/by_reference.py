@@ -36,13 +36,12 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake import CommitProperties, Transaction
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction
 from pyarrow import fs
@@ -58,16 +57,15 @@ from cues_platform.queues.appender import (
 from cues_platform.queues.based import assign_bases
 from cues_platform.queues.errors import ConcurrentAppendError, QueueError
 from cues_platform.queues.filesystems import filesystem_for
-from cues_platform.queues.integrity import TableStorage, commit_path
 from cues_platform.queues.layout import COMMIT_HOOKS
 from cues_platform.queues.layout import PARTITION as PARTITION_ID
 from cues_platform.queues.names import join_uri
-from cues_platform.queues.schema import APPEND_TIME, BASE, OFFSET, PARTITION, TXN_ID
+from cues_platform.queues.parallel_files import COMMIT_TOKEN, committed_version, delta_stats
+from cues_platform.queues.schema import BASE, OFFSET, PARTITION
 
 if TYPE_CHECKING:
     from cues_platform.queues.handle import QueueHandle
 
-STATS = (OFFSET, TXN_ID, APPEND_TIME)  # the columns queues keep statistics of (lake.STATS_COLUMNS)
 
 
 class NotCommittableError(QueueError):
@@ -111,10 +109,6 @@ class WrittenPart:
         return self.start + self.rows
 
 
-def _iso(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat(timespec="microseconds").replace("+00:00", "Z")
-    return value
 
 
 def filesystem_of(uri: str, storage_options: Mapping[str, str] | None = None) -> tuple[fs.FileSystem, str]:
@@ -129,32 +123,14 @@ def read_footer(queue: QueueHandle, relative: str) -> FileFooter:
     info = filesystem.get_file_info(path)
     with filesystem.open_input_file(path) as handle:
         meta = pq.ParquetFile(handle).metadata
-    schema = meta.schema.to_arrow_schema()
-    mins: dict[str, Any] = {}
-    maxs: dict[str, Any] = {}
-    nulls: dict[str, int] = {}
-    for i, name in enumerate(schema.names):
-        lo = hi = None
-        count = 0
-        for g in range(meta.num_row_groups):
-            st = meta.row_group(g).column(i).statistics
-            if st is None:
-                count = -1  # unknown, never taken for "no null"
-                continue
-            count = count + st.null_count if count >= 0 and st.has_null_count else -1
-            if st.has_min_max:
-                lo = st.min if lo is None else min(lo, st.min)
-                hi = st.max if hi is None else max(hi, st.max)
-        nulls[name] = count
-        if name in STATS and lo is not None:
-            mins[name], maxs[name] = _iso(lo), _iso(hi)
+    stats, nulls = delta_stats(meta)
+    mins = stats["minValues"]
     if meta.num_rows and (OFFSET not in mins or nulls.get(OFFSET, -1) != 0):
         raise NotCommittableError(f"queue {queue.name!r}: written file {relative} has no "
                                   f"{OFFSET} statistics; rewrite its rows", queue=queue.name)
-    stats = {"numRecords": meta.num_rows, "minValues": mins, "maxValues": maxs,
-             "nullCount": {k: v for k, v in nulls.items() if k in STATS and v >= 0}}
     return FileFooter(relative, info.size, meta.num_rows, int(mins.get(OFFSET, 0)),
-                      int(maxs.get(OFFSET, -1)), json.dumps(stats), nulls, schema)
+                      int(stats["maxValues"].get(OFFSET, -1)), json.dumps(stats), nulls,
+                      meta.schema.to_arrow_schema())
 
 
 def check_offsets(queue: QueueHandle, partition: str, footer: FileFooter, first: int) -> None:
@@ -331,7 +307,7 @@ def commit_files(
                 txns += [Transaction(app_id, version) for app_id, version in app_transactions]
                 metadata = {"cues.queue": queue.name, **dict(commit_metadata or {}),
                             "cues.ranges": ";".join(f"{p}:{s}-{e}" for p, (s, e) in ranges.items()),
-                            "cues.commit": token}
+                            COMMIT_TOKEN: token}
                 # the version before the commit, so that the search for this commit's version
                 # covers every commit delta-rs may have rebased it over
                 before = dt.version()
@@ -342,7 +318,7 @@ def commit_files(
                                                        custom_metadata=metadata,
                                                        max_commit_retries=REBASE_RETRIES),
                     post_commithook_properties=COMMIT_HOOKS)
-                version = _committed_version(queue, dt, before, token)
+                version = committed_version(queue, dt, before, token)
         except CommitFailedError:
             # Step 5 (the back-off sleeps outside the lock)
             time.sleep(delay * (0.5 + random.random()))
@@ -367,21 +343,3 @@ def _add_actions(queue: QueueHandle, parts: Mapping[str, WrittenPart],
             values = {PARTITION: p, BASE: str(base)} if queue.based else {PARTITION: p}
             actions.append(AddAction(f.path, f.size, values, at_ms, True, f.stats))
     return actions
-
-
-def _committed_version(queue: QueueHandle, dt: DeltaTable, before: int, token: str) -> int | None:
-    """The version of the commit carrying ``token``, committed on snapshot ``dt`` of version
-    ``before`` (inside ``queue.writing()``). ``create_write_transaction`` returns no version and
-    leaves ``dt`` where it was, and delta-rs may have rebased the commit over other writers'
-    commits: ``dt`` is moved to the newest version and every commit since ``before`` searched."""
-    dt.update_incremental()
-    # each commit entry is read by its version's own file name: delta-rs' history() lists the
-    # newest entries in storage but numbers them from the handle's version, so a commit another
-    # handle made in between shifted every number by one (a wrong version, seen under threads)
-    storage = TableStorage(queue.uri, queue.lake.options)
-    needle = token.encode()
-    for version in range(dt.version(), before, -1):
-        raw = storage.read(commit_path(version))
-        if raw is not None and needle in raw:
-            return version
-    return None
