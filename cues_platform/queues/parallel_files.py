@@ -1,11 +1,13 @@
 """A big append's Parquet files written on several threads, and committed as add actions.
 
 delta-rs' ``write_deltalake`` writes an append's files on one thread and splits the rows by the
-``_partition`` column first: for 1M rows of a processor's step on this machine kind, 0.27-0.33 s,
-against 0.11-0.14 s for pyarrow writing the same rows as two files on two threads
-(docs/benchmarks.md, "A big append's files on several threads"). :func:`write_parts` is
-``appender._attempt``'s Step 4 for an append of at least :data:`PARALLEL_MIN_ROWS` rows on a
-local lake:
+``_partition`` column first. Measured on this machine kind (2 cores; ``bench/bench_append_files.py``,
+``bench/results/append_files.json``, medians of 10 alternating rounds), one append with a step's
+delivery hash and app transaction: 1M rows 327 ms with delta-rs against 185 ms as two pyarrow
+files on two threads (2.00x), 100k rows 51 against 29 ms, 30k rows 19 against 16 ms; 10k rows
+10 against 11 ms and 1,000 rows 5 against 8 ms (the commit's search for its version costs more
+than the write saves). :func:`write_parts` is ``appender._attempt``'s Step 4 for an append of at
+least :data:`PARALLEL_MIN_ROWS` rows on a local lake:
 
 1. Each partition's rows (already numbered on the step's snapshot, the partition columns
    dropped: their values go into the add actions, as delta-rs does) are cut into at most one
@@ -54,7 +56,7 @@ if TYPE_CHECKING:
 STATS = (OFFSET, TXN_ID, APPEND_TIME)  # the columns queues keep statistics of (layout.STATS_COLUMNS)
 # An append of at least this many rows is written on several threads (below it, delta-rs' one
 # call is as fast and its commit needs no search for its version)
-PARALLEL_MIN_ROWS = 262_144
+PARALLEL_MIN_ROWS = 32_768
 COMMIT_TOKEN = "cues.commit"  # the commit metadata key :func:`committed_version` searches for
 
 
