@@ -143,7 +143,8 @@ def _graph() -> Graph:
     return Graph.build(name="big", queues=[QueueDef("src", PAYLOAD), QueueDef("out", PAYLOAD)],
                        processors=[Processor("double", Kind.MAP, double, {"src": In("src")},
                                              {"out": Out("out")},
-                                             options=Options(read_as=ReadAs.ARROW))])
+                                             options=Options(batch_size=BIG, max_batch_size=BIG,
+                                                             read_as=ReadAs.ARROW))])
 
 
 def test_a_step_killed_between_its_big_output_files_and_its_commit_is_delivered_once(lake):
