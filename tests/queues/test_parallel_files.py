@@ -2,9 +2,9 @@
 
 The rows, offsets and statistics equal what delta-rs' own writer commits; a SIGKILL between the
 files and the commit leaves no row (orphan files that vacuum removes) and the next append takes
-the same offsets; a processor step killed there is delivered exactly once after a restart; an
-append whose offsets another writer took meanwhile is retried with new files; threads appending
-big batches through one handle get dense, disjoint offsets.
+the same offsets; a processor step killed there, or right after its commit, is delivered
+exactly once after a restart; an append whose offsets another writer took meanwhile is retried
+with new files; threads appending big batches through one handle get dense, disjoint offsets.
 """
 
 from __future__ import annotations
@@ -93,9 +93,13 @@ KILL_IN_COMMIT = textwrap.dedent("""
     from cues_platform.queues import Lake
 
     def killed(self, actions, *args, **kwargs):
-        if {rows_min} <= sum(json_rows(a) for a in actions):
+        big = {rows_min} <= sum(json_rows(a) for a in actions)
+        if big and {before!r}:
             os.kill(os.getpid(), signal.SIGKILL)  # the files are written, the commit is not
-        return original(self, actions, *args, **kwargs)
+        done = original(self, actions, *args, **kwargs)
+        if big:
+            os.kill(os.getpid(), signal.SIGKILL)  # committed, never acknowledged
+        return done
 
     def json_rows(action):
         return json.loads(action.stats)["numRecords"]
@@ -106,8 +110,8 @@ KILL_IN_COMMIT = textwrap.dedent("""
 """)
 
 
-def _run_killed(root: str, body: str) -> None:
-    script = KILL_IN_COMMIT.format(root=str(ROOT), rows_min=MIN // 2,
+def _run_killed(root: str, body: str, *, before: bool = True) -> None:
+    script = KILL_IN_COMMIT.format(root=str(ROOT), rows_min=MIN // 2, before=before,
                                    body=textwrap.indent(textwrap.dedent(body), "").strip())
     done = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True,
                           timeout=300)
@@ -147,7 +151,10 @@ def _graph() -> Graph:
                                                              read_as=ReadAs.ARROW))])
 
 
-def test_a_step_killed_between_its_big_output_files_and_its_commit_is_delivered_once(lake):
+@pytest.mark.parametrize("before", [True, False], ids=["before-commit", "after-commit-before-ack"])
+def test_a_step_killed_in_its_big_output_commit_is_delivered_once(lake, before):
+    """SIGKILL with the step's output files written and not committed, or committed and never
+    acknowledged: the next runner delivers each row once, in order, and the audit is clean."""
     graph = _graph()
     GraphRunner(graph=graph, lake=lake, spark=None)  # creates the queues
     lake.queue("src").append(rows(0, BIG), partition="0")
@@ -155,9 +162,10 @@ def test_a_step_killed_between_its_big_output_files_and_its_commit_is_delivered_
         from tests.queues.test_parallel_files import _graph
         from cues_platform.processing import GraphRunner
         GraphRunner(graph=_graph(), lake=Lake(root={lake.root!r}), spark=None).run_until_idle()
-    """)
+    """, before=before)
     lake = Lake(root=lake.root)
-    assert lake.queue("out").next_offset("0") == 0  # nothing delivered by the killed step
+    # nothing delivered by a step killed before its commit; all of it by one killed after it
+    assert lake.queue("out").next_offset("0") == (0 if before else BIG)
     runner = GraphRunner(graph=graph, lake=lake, spark=None)
     runner.recover()
     runner.run_until_idle()
