@@ -60,9 +60,16 @@ PARALLEL_MIN_ROWS = 32_768
 COMMIT_TOKEN = "cues.commit"  # the commit metadata key :func:`committed_version` searches for
 
 
+def cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS says, as a container's
+    cpuset does; else the machine's count)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+
+
 def pays(queue: QueueHandle, rows: int) -> bool:
     """Whether an append of ``rows`` rows to ``queue`` is written by :func:`write_parts`."""
-    return rows >= PARALLEL_MIN_ROWS and (os.cpu_count() or 1) > 1 and is_local_uri(queue.uri)
+    return rows >= PARALLEL_MIN_ROWS and cores() > 1 and is_local_uri(queue.uri)
 
 
 def _iso(value: Any) -> Any:
@@ -100,7 +107,7 @@ def delta_stats(meta: pq.FileMetaData) -> tuple[dict[str, Any], dict[str, int]]:
 
 def _slices(table: pa.Table) -> list[pa.Table]:
     """Step 1: at most one slice per core, each at least half of ``PARALLEL_MIN_ROWS``."""
-    count = max(1, min(os.cpu_count() or 1, table.num_rows // (PARALLEL_MIN_ROWS // 2)))
+    count = max(1, min(cores(), table.num_rows // (PARALLEL_MIN_ROWS // 2)))
     size = -(-table.num_rows // count)
     return [table.slice(i * size, size) for i in range(count)]
 
@@ -130,7 +137,7 @@ def write_parts(queue: QueueHandle, dt: DeltaTable, parts: Mapping[str, pa.Table
         return AddAction(relative, os.path.getsize(path), values, at_ms, True, json.dumps(stats))
 
     # Step 2
-    with ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1)) as pool:
+    with ThreadPoolExecutor(max_workers=min(len(jobs), cores())) as pool:
         actions = list(pool.map(write, jobs))
     # Step 3
     token = uuid.uuid4().hex
@@ -164,5 +171,5 @@ def committed_version(queue: QueueHandle, dt: DeltaTable, before: int, token: st
     return None
 
 
-__all__: Sequence[str] = ["PARALLEL_MIN_ROWS", "committed_version", "delta_stats", "pays",
+__all__: Sequence[str] = ["PARALLEL_MIN_ROWS", "committed_version", "cores", "delta_stats", "pays",
                           "write_parts"]
