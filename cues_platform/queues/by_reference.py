@@ -67,7 +67,6 @@ if TYPE_CHECKING:
     from cues_platform.queues.handle import QueueHandle
 
 
-
 class NotCommittableError(QueueError):
     """Written files that cannot be committed as they are (a gap or repeat in their offsets, a
     payload type other than the queue's); the rows must be rewritten. Not retryable as is."""
@@ -107,8 +106,6 @@ class WrittenPart:
     @property
     def end(self) -> int:
         return self.start + self.rows
-
-
 
 
 def filesystem_of(uri: str, storage_options: Mapping[str, str] | None = None) -> tuple[fs.FileSystem, str]:
