@@ -46,6 +46,7 @@ from common import (  # noqa: E402
 from deltalake import DeltaTable  # noqa: E402
 
 import cues_platform.queues.appender as appender_mod  # noqa: E402
+import cues_platform.queues.parallel_files as parallel_mod  # noqa: E402
 import cues_platform.queues.reader as reader_mod  # noqa: E402
 from cues_platform.queues import (  # noqa: E402
     Lake,
@@ -152,6 +153,8 @@ def append_targets(prof: Profiler) -> Any:
         (Queue, "next_offset", "queue.next_offset"),
         (appender_mod, "_with_metadata", "_with_metadata"),
         (appender_mod, "write_deltalake", "write_deltalake"),
+        # appends of >= parallel_files.PARALLEL_MIN_ROWS rows (since 2026-11-29): a file per core
+        (parallel_mod, "write_parts", "parallel_files.write_parts (write + commit)"),
     )
 
 
