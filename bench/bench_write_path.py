@@ -59,7 +59,6 @@ import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -213,7 +212,7 @@ def stream_writer(roll_rows: int | None) -> Callable[..., Any]:
     def write(frame: Any, queue: Any, *, partition: str, delivery_hash: str,
               message_type: str = "message", cache: bool = False) -> Any:
         start = queue.next_offset(partition)
-        now = datetime.fromtimestamp(clock.now_ms() / 1000, UTC)
+        now = pa.scalar(clock.now_ms() * 1000, pa.timestamp("us", tz="UTC"))
         opts = AppendOptions(delivery_hash=delivery_hash, message_type=message_type)
         file_schema = pa.schema([f for f in queue.table_schema if f.name != PARTITION])
         folder = f"_partition={partition}"
@@ -230,7 +229,8 @@ def stream_writer(roll_rows: int | None) -> Callable[..., Any]:
         def prepared(batch: pa.RecordBatch, first: int) -> pa.Table:
             table = conform(pa.Table.from_batches([batch]), queue.payload_schema, queue=queue.name,
                             max_rows=queue.max_batch_rows)
-            table = appender_module._with_metadata(table, partition=partition, start=first, opts=opts, now=now)
+            table = appender_module._with_metadata(table, partition=partition, start=first, opts=opts, now=now,
+                                                   schema=queue.table_schema, based=False)
             return table.drop_columns([PARTITION]).cast(file_schema)
 
         if roll_rows is None:
