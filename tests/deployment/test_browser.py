@@ -1,6 +1,8 @@
 """Browser test: headless Chromium (Debian's ``chromium``, installed by ``.ci/run``) opens the asset
 graph of the payments group on the shared test webserver; the processor assets are on the page,
 and a screenshot is saved (``CUES_SCREENSHOT=docs/img/asset-graph.png`` also copies it there).
+A page still loading after Chromium's virtual-time budget is loaded again, at most ``LOADS``
+times (a webserver under load answered after the budget once).
 
 Fails, never skips, when Chromium is missing."""
 
@@ -16,6 +18,7 @@ from tests.deployment.support import LOCATION, DeploymentTestError, Webserver
 from tests.support import ROOT
 
 CHROMIUM = os.environ.get("CUES_CHROMIUM", "/usr/bin/chromium")
+LOADS = 3  # loads of the page before the test fails (module docstring)
 PROCESSOR_ASSETS = ("fx_rates", "instructions", "parsed", "priced", "results", "ledger_entries", "malformed",
                     "ledger")
 
@@ -45,8 +48,13 @@ def png_size(path: Path) -> tuple[int, int]:
 
 def test_asset_graph_page_shows_the_processor_assets(webserver: Webserver, tmp_path: Path) -> None:
     page = f"{webserver.url}/locations/{LOCATION}/asset-groups/payments"
-    dom = chromium(tmp_path, "--dump-dom", page).stdout
-    missing = [a for a in PROCESSOR_ASSETS if a not in dom]
+    # Chromium's virtual-time budget does not wait for a slow server: under CI load one dump still
+    # showed "Loading cues_platform…" (2026-11-29); the page is loaded again, at most LOADS times
+    for _ in range(LOADS):
+        dom = chromium(tmp_path, "--dump-dom", page).stdout
+        missing = [a for a in PROCESSOR_ASSETS if a not in dom]
+        if not missing:
+            break
     assert not missing, f"not on the asset graph page: {missing}\n{dom[-2000:]}"
     assert "postings" in dom
 
