@@ -194,7 +194,8 @@ def test_fenced_instance_preparing_cannot_change_the_newer_attempts_outputs(spar
     assert len(left) == 30 and left == right
 
 
-@pytest.mark.parametrize("writer", [OutputWriter.DRIVER, OutputWriter.EXECUTORS, "executors-based"])
+@pytest.mark.parametrize("writer", [OutputWriter.DRIVER, OutputWriter.EXECUTORS, "executors-based",
+                                    "driver-parallel-files"])
 def test_a_zombie_commit_racing_the_fence_is_refused(spark, lake, monkeypatch, writer):
     """The race itself: the older instance's home commit of step 1 has passed its epoch check when
     the newer instance fences the home queue. Both commits carry the app transaction
@@ -202,8 +203,19 @@ def test_a_zombie_commit_racing_the_fence_is_refused(spark, lake, monkeypatch, w
     new epoch and raises ProcessorFencedError without writing. The newer one delivers step 1."""
     from cues_platform.processing import home as home_module
 
+    parallel_calls: list[int] = []
     if writer == "executors-based":  # one Spark job, bases assigned by the (refused) commit
         graph = build_graph("map", **variant_options("based-executors"))
+    elif writer == "driver-parallel-files":  # the step's files on threads (parallel_files.py),
+        # its small steps over the threshold here: the refused commit leaves only orphan files
+        from cues_platform.queues import parallel_files
+
+        monkeypatch.setattr(parallel_files, "PARALLEL_MIN_ROWS", 2)
+        monkeypatch.setattr(parallel_files, "cores", lambda: 2)
+        written = parallel_files.write_parts
+        monkeypatch.setattr(parallel_files, "write_parts",
+                            lambda *a, **k: parallel_calls.append(1) or written(*a, **k))
+        graph = build_graph("map", writer=OutputWriter.DRIVER)
     else:
         graph = build_graph("map", writer=writer)
     real_guard = home_module.home_guard
@@ -231,3 +243,4 @@ def test_a_zombie_commit_racing_the_fence_is_refused(spark, lake, monkeypatch, w
     monkeypatch.setattr(home_module, "home_guard", real_guard)
     newer[0].run_until_idle()
     check_exact(lake, "map", "output")
+    assert bool(parallel_calls) == (writer == "driver-parallel-files")

@@ -57,12 +57,16 @@ from cues_platform.queues import Lake
 from cues_platform.errors import CuesError
 from tests.support import rows
 root, writer = sys.argv[1:3]
+n = 40_000 if writer == "big-append" else 5000
+if writer == "big-append":  # a file per core on threads (queues/parallel_files.py), on any machine
+    from cues_platform.queues import parallel_files
+    parallel_files.cores = lambda: 2
 q = Lake(root=root).queue("orders")
 producer = q.producer(producer_id="p") if writer == "producer" else None
 if producer is not None:
     producer.open()  # its epoch is committed before the limit
-send = (lambda: q.append(rows(2, 5000), partition="0")) if producer is None else (
-    lambda: producer.send(rows(2, 5000), partition="0"))
+send = (lambda: q.append(rows(2, n), partition="0")) if producer is None else (
+    lambda: producer.send(rows(2, n), partition="0"))
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (1024, resource.RLIM_INFINITY))
 try:
@@ -73,20 +77,22 @@ except CuesError as exc:
 resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
 if producer is None:
     assert q.next_offset("0") == 2  # it did not land: send it
-    print("ranges", q.append(rows(2, 5000), partition="0").ranges["0"])
+    print("ranges", q.append(rows(2, n), partition="0").ranges["0"])
 else:
-    print("ranges", producer.send(rows(2, 5000), partition="0").ranges["0"])  # the same batch
+    print("ranges", producer.send(rows(2, n), partition="0").ranges["0"])  # the same batch
 """
 
 
-@pytest.mark.parametrize("writer", ["append", "producer"])
+@pytest.mark.parametrize("writer", ["append", "big-append", "producer"])
 def test_a_file_size_limit_is_one_line_naming_the_cause_and_advice_of_the_writer(
         lake, run_python, writer) -> None:
     """ENOSPC's kind without filling a disk: RLIMIT_FSIZE in a child (SIGXFSZ ignored, so the
     write fails with EFBIG, 'File too large') makes the batch's data file unwritable. A plain
     append is told to find out whether it landed and never to resend blindly; a producer's send
     is told to resend the same batch with the same producer. Following either advice once space
-    is back writes the batch exactly once."""
+    is back writes the batch exactly once. ``big-append``: 40,000 rows, whose files the appender
+    writes on threads (``parallel_files.py``): the same one line, the same advice."""
+    n = 40_000 if writer == "big-append" else 5000
     q = lake.create_queue("orders", schema=PAYLOAD)
     q.append(rows(0, 2), partition="0")
     proc = run_python(FILE_SIZE_CHILD, lake.root, writer)
@@ -94,18 +100,18 @@ def test_a_file_size_limit_is_one_line_naming_the_cause_and_advice_of_the_writer
     name, _, message = failure.partition(" | ")
     assert name == StorageFullError.__name__, proc.stdout + proc.stderr
     assert "\n" not in message and "File too large" in message and "storage is full" in message
-    if writer == "append":  # a plain append: find out first, never resend blindly
+    if writer != "producer":  # a plain append: find out first, never resend blindly
         assert "do not resend the same batch blindly" in message and "Queue.next_offset" in message
         assert "resend the same batch with the same producer" not in message
     else:  # the producer's sequence makes a landed resend a no-op
         assert "resend the same batch with the same producer" in message
         assert "do not resend" not in message
     assert "Traceback" not in proc.stderr
-    assert ranges == "ranges (2, 5002)"
+    assert ranges == f"ranges (2, {n + 2})"
     fresh = Lake(root=lake.root).queue("orders")  # written once, dense
     got = fresh.read_arrow(partition="0")
-    assert got["id"].to_pylist() == list(range(5002))
-    assert got["_offset"].to_pylist() == list(range(5002))
+    assert got["id"].to_pylist() == list(range(n + 2))
+    assert got["_offset"].to_pylist() == list(range(n + 2))
 
 
 @pytest.fixture
