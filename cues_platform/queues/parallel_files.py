@@ -46,14 +46,14 @@ from deltalake.transaction import AddAction
 
 from cues_platform.queues.filesystems import is_local_uri
 from cues_platform.queues.integrity import TableStorage, commit_path
-from cues_platform.queues.layout import COMMIT_HOOKS
+from cues_platform.queues.layout import COMMIT_HOOKS, STATS_COLUMNS
 from cues_platform.queues.names import join_uri
-from cues_platform.queues.schema import APPEND_TIME, BASE, OFFSET, PARTITION, TXN_ID
+from cues_platform.queues.schema import BASE, PARTITION
 
 if TYPE_CHECKING:
     from cues_platform.queues.handle import QueueHandle
 
-STATS = (OFFSET, TXN_ID, APPEND_TIME)  # the columns queues keep statistics of (layout.STATS_COLUMNS)
+STATS = tuple(STATS_COLUMNS.split(","))  # the columns queues keep statistics of
 # An append of at least this many rows is written on several threads (below it, delta-rs' one
 # call is as fast and its commit needs no search for its version)
 PARALLEL_MIN_ROWS = 32_768
@@ -117,11 +117,11 @@ def write_parts(queue: QueueHandle, dt: DeltaTable, parts: Mapping[str, pa.Table
     """Steps 1-4 of the module docstring on snapshot ``dt`` (the caller holds the queue's lock):
     ``parts`` are ``{partition: rows}`` with every column of the table; returns the commit's
     version (None if it could not be found). A conflict raises delta-rs' ``CommitFailedError``."""
-    partition_columns = [c for c in (PARTITION, BASE) if c in queue.table_schema.names]
+    partition_columns = queue.partition_columns
     jobs: list[tuple[dict[str, str], str, pa.Table]] = []
     for partition, table in parts.items():
         # Step 1 (a based queue's driver rows carry absolute offsets: _base 0, as delta-rs writes)
-        values = {PARTITION: partition, **({BASE: "0"} if BASE in partition_columns else {})}
+        values = {PARTITION: partition, **({BASE: "0"} if queue.based else {})}
         rows = table.drop_columns(partition_columns)
         stem = f"{PARTITION}={partition}/part-{uuid.uuid4().hex}"
         jobs += [(values, f"{stem}-c{i:03d}.snappy.parquet", piece)

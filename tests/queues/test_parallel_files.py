@@ -18,7 +18,6 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -27,16 +26,11 @@ from cues_platform.processing import GraphRunner, ReadAs
 from cues_platform.processing.graph import Graph, In, Kind, Options, Out, Processor, QueueDef
 from cues_platform.queues import Lake, OffsetLayout, parallel_files
 from cues_platform.queues.maintenance import vacuum
-from tests.support import PAYLOAD, ROOT
+from tests.support import PAYLOAD, ROOT, rows
 
 MIN = parallel_files.PARALLEL_MIN_ROWS
 BIG = MIN + 1_000
 META = ["_offset", "_producer_id", "_producer_seq", "_delivery_hash", "_message_type", "_txn_id"]
-
-
-def rows(start: int, n: int) -> pa.Table:
-    return pa.table({"id": np.arange(start, start + n, dtype=np.int64),
-                     "note": pa.array([f"n{i % 97}" for i in range(start, start + n)])}, schema=PAYLOAD)
 
 
 def _root(q) -> Path:
@@ -95,7 +89,7 @@ KILL_IN_COMMIT = textwrap.dedent("""
     import json, os, signal, sys
     sys.path.insert(0, {root!r})
     from deltalake import DeltaTable
-    from tests.queues.test_parallel_files import rows
+    from tests.support import rows
     from cues_platform.queues import Lake, parallel_files
 
     parallel_files.cores = lambda: 2  # the threads' path on any machine (one core writes one file)
