@@ -157,7 +157,7 @@ def select(*, graph: Graph, family: str, lake: Lake, spark: Any, where: str | No
     chosen: list[Chosen] = []
     refused = 0
     for part in queue.partitions:
-        plan = plan_read(queue, partition=part, start=queue.start_offset(part), end=queue.next_offset(part))
+        plan = plan_read(queue, partition=part, start=None, end=None)  # start to end, one snapshot
         frame = execute_spark(queue, spark, plan)
         # the family's lanes, those the graph no longer has included (reported, not skipped)
         frame = frame.where(frame["processor"].isin(sorted(lanes))

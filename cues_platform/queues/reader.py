@@ -41,6 +41,8 @@ from cues_platform.queues.schema import (
 from cues_platform.queues.spark_values import step_constant, step_constant_sql
 
 if TYPE_CHECKING:
+    from deltalake import DeltaTable
+
     from cues_platform.queues.handle import FileInfo, QueueHandle
 
 
@@ -95,12 +97,15 @@ def plan_read(
     end: int | None,
     isolation: Isolation | str = Isolation.READ_COMMITTED,
     call: str = "Queue.read",
+    snapshot: DeltaTable | None = None,
 ) -> ReadPlan:
-    """What a read of ``[start, end)`` touches. ``start`` None: the partition's start offset
-    (0 until retention removed rows); a ``start`` below it raises :class:`OffsetOutOfRangeError`
-    (never a silent gap)."""
+    """What a read of ``[start, end)`` touches in ``snapshot`` (default: the newest). ``start``
+    None: the partition's start offset (0 until retention removed rows); a ``start`` below it
+    raises :class:`OffsetOutOfRangeError` (never a silent gap). A caller that chose ``start`` from
+    a start offset passes the snapshot it read that from: retention committing in between then
+    cannot put ``start`` below the start the plan sees."""
     queue.check_partition(partition)
-    dt = queue.refresh()
+    dt = snapshot or queue.refresh()
     first = queue.start_offset(partition, snapshot=dt)
     start, end, isolation = check_range(queue, partition=partition,
                                         start=first if start is None else start, end=end,

@@ -146,7 +146,10 @@ class Tailer:
         count = check_int(max_messages, call=call, argument="max_messages", minimum=1,
                           queue=self.queue.name, error=InvalidRangeError,
                           expected="an int >= 1 (the most messages to read)")
-        first = self.queue.start_offset(self.partition)
+        # one snapshot for the start offset and the plan: a retention committing between two
+        # looks must not put the position below the start the plan sees
+        snapshot = self.queue.refresh()
+        first = self.queue.start_offset(self.partition, snapshot=snapshot)
         if self.position < first and self.expendable:
             lost = first - self.position
             log.warning("tailer %r on %s/%s: retention removed offsets [%d, %d) before it read "
@@ -161,6 +164,7 @@ class Tailer:
             end=self.position + count,
             isolation=self.isolation,
             call=call,
+            snapshot=snapshot,
         )
 
     def read_arrow(self, max_messages: int = 1000) -> pa.Table:
@@ -224,7 +228,8 @@ class Tailer:
         count = check_int(count, call="Tailer.read_backward", argument="count",
                           queue=self.queue.name, error=InvalidRangeError,
                           expected="an int >= 0 (how many messages before the position)")
-        start = max(self.queue.start_offset(self.partition), self.position - count)
+        snapshot = self.queue.refresh()  # the start offset and the plan from one snapshot
+        start = max(self.queue.start_offset(self.partition, snapshot=snapshot), self.position - count)
         plan = plan_read(
             self.queue,
             partition=self.partition,
@@ -232,6 +237,7 @@ class Tailer:
             end=self.position,
             isolation=self.isolation,
             call="Tailer.read_backward",
+            snapshot=snapshot,
         )
         table = execute_arrow(self.queue, plan)
         return (

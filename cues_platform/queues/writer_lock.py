@@ -17,8 +17,9 @@ waited for on a helper thread (the kernel wakes it when the holder lets go); the
 it when its holder's file is closed or its process dies (SIGKILL included). A holder that is
 stopped (SIGSTOP, a debugger) keeps it: a writer waits at most ``WAIT_SECONDS``, then attempts
 without it (:data:`log` warns once per lock file and process), and while that given-up wait is
-still pending, its process's later attempts go without waiting (no thread piles up behind a
-stopped holder). The lock files are empty and never deleted (one per queue a writer used; a
+still pending, its process's later attempts look once (a lock the holder let go of meanwhile is
+taken at once) and otherwise go without waiting (no thread piles up behind a stopped holder). A
+``wait`` of 0 looks once and starts no thread. The lock files are empty and never deleted (one per queue a writer used; a
 dropped queue leaves a 0-byte file).
 """
 
@@ -60,20 +61,26 @@ def writer_turn(path: Path | None, *, wait: float = WAIT_SECONDS) -> Iterator[bo
     key = str(path)
     with _stuck_mutex:
         stuck = _stuck.get(key)
-    if stuck is not None and not stuck.finished:  # a wait given up is still pending: don't pile up
-        yield False
-        return
+    # a wait given up is still pending (don't pile up threads), or none is wanted: one look only
+    look_only = wait <= 0 or (stuck is not None and not stuck.finished)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        turn = _Waiter(fd, key)  # owns fd from here: closes it when done
-        held = turn.wait(wait)
+        if look_only:
+            os.close(fd)
+            turn, held = None, False
+        else:
+            turn = _Waiter(fd, key)  # owns fd from here: closes it when done
+            held = turn.wait(wait)
+    except BaseException:
+        os.close(fd)
+        raise
     else:
         turn, held = None, True
     try:
-        if not held and str(path) not in _warned:
+        if turn is not None and not held and str(path) not in _warned:
             _warned.add(str(path))
             log.warning("waited %.1f s for the writer lock %s (its holder is stopped or slow): "
                         "appending without it (commits stay safe; they may retry)", wait, path)
@@ -81,7 +88,7 @@ def writer_turn(path: Path | None, *, wait: float = WAIT_SECONDS) -> Iterator[bo
     finally:
         if turn is not None:
             turn.done()
-        else:
+        elif held:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
 

@@ -23,6 +23,7 @@ from cues_platform.errors import CuesError
 
 SPARK_HOME = Path(importlib.util.find_spec("pyspark").origin or "pyspark/__init__.py").parent
 SPARK_CLASS = SPARK_HOME / "bin" / "spark-class"
+KILL_WAIT = 30.0  # the longest a SIGKILLed daemon may take to be gone
 POLL = 0.1  # seconds between two looks at a log or the master's JSON (polling, not a fixed wait)
 
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}  # daemons this process started: reaped on stop
@@ -117,7 +118,10 @@ def last_line(text: str) -> str:
 
 def stop_pids(pids: list[int], *, marker: str, grace: float) -> list[int]:
     """SIGTERM each of ``pids`` that is ours, SIGKILL what still runs after ``grace`` seconds, then
-    SIGKILL what is left of their process groups (a worker's executors). The PIDs signalled."""
+    SIGKILL what is left of their process groups (a worker's executors), and wait until the
+    kernel has ended them (a SIGKILL is delivered at once but a big JVM takes a moment to die).
+    The PIDs signalled; one still running ``KILL_WAIT`` seconds after its SIGKILL is a
+    :class:`ClusterError`."""
     ours = [pid for pid in pids if is_ours(pid, marker=marker)]
     for pid in ours:
         _signal(pid, signal.SIGTERM)
@@ -133,7 +137,30 @@ def stop_pids(pids: list[int], *, marker: str, grace: float) -> list[int]:
         child = _CHILDREN.pop(pid, None)
         if child is not None:
             child.wait()
+    deadline = time.monotonic() + KILL_WAIT
+    while (left := [pid for pid in ours if alive(pid) or group_alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(POLL)
+    if left:
+        raise ClusterError(
+            f"process(es) {', '.join(map(str, left))} still run {KILL_WAIT:.0f} s after SIGKILL "
+            "(stuck in the kernel, e.g. on a hung file system): look at them with `ps -o pid,stat,"
+            "wchan -p PID` and stop them by hand", pids=left)
     return ours
+
+
+def group_alive(pgid: int) -> bool:
+    """True while a process of group ``pgid`` runs (zombies aside); False where /proc is missing."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return False
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # it ended while we looked
+        if fields[0] != "Z" and fields[2] == str(pgid):
+            return True
+    return False
 
 
 def kill_group(pid: int) -> None:

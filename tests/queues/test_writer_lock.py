@@ -85,10 +85,15 @@ def test_a_stopped_holder_delays_a_writer_by_the_bounded_wait_only(holder, caplo
         assert held is True
 
 
-def test_a_killed_holder_releases_the_lock(holder) -> None:
+def test_a_killed_holder_releases_the_lock(holder, monkeypatch) -> None:
     q, proc = holder
+    monkeypatch.setattr(wl, "_stuck", {})
+    threads = threading.active_count()
     with wl.writer_turn(q.writer_lock, wait=0.0) as held:
         assert held is False  # the holder has it
+    # a zero wait looks once: no helper thread left blocking (it would have taken the lock after
+    # the kill below and made the next turn go without it until it let go)
+    assert threading.active_count() == threads and wl._stuck == {}
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
     with wl.writer_turn(q.writer_lock, wait=5.0) as held:

@@ -91,3 +91,34 @@ def test_without_java_up_says_what_to_install_and_starts_nothing(tmp_path, monke
     proc = run([CUES, "spark", "cluster", "up", "--dir", str(tmp_path / "c")], timeout=120)
     assert proc.returncode == 2 and proc.stderr.startswith("error: Spark needs Java 17+"), proc.stderr
     assert not (tmp_path / "c" / "logs").exists()
+
+
+STUBBORN = """
+import os, signal, subprocess, sys
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = subprocess.Popen([sys.executable, "-c",
+                          "import signal, sys; signal.signal(signal.SIGTERM, signal.SIG_IGN); sys.stdin.read()"],
+                         stdin=subprocess.PIPE)
+print(child.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_stopping_a_daemon_that_ignores_sigterm_returns_once_it_and_its_group_are_gone(tmp_path):
+    """A daemon (and an executor in its process group) that ignores SIGTERM past the grace is
+    SIGKILLed, and stop_pids returns only once the kernel has ended both: `cues spark cluster down`
+    never says "stopped" while a daemon still runs (a clean-clone CI run under load once found a
+    worker alive right after `down`)."""
+    from cues_platform.spark.daemons import alive, daemon_marker, stop_pids
+
+    marker = daemon_marker(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-c", STUBBORN, marker], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    child = int(proc.stdout.readline())
+    try:
+        assert stop_pids([proc.pid], marker=marker, grace=0.3) == [proc.pid]
+        assert not alive(proc.pid) and not alive(child)
+        assert proc.wait(30) == -9
+    finally:
+        if proc.poll() is None:
+            proc.kill()
