@@ -13,8 +13,11 @@ least :data:`PARALLEL_MIN_ROWS` rows on a local lake:
    dropped: their values go into the add actions, as delta-rs does) are cut into at most one
    slice per core, each at least ``PARALLEL_MIN_ROWS // 2`` rows, in offset order.
 2. The slices are written as Parquet files under ``_partition={p}/`` on a thread pool (pyarrow
-   releases the GIL while it encodes); each file's statistics come from its footer, read back
-   (:func:`delta_stats`, the same reading the executors' files get).
+   releases the GIL while it encodes), with Parquet statistics of the :data:`STATS` columns
+   only (the queue's Delta statistics are of those: min/max of every payload column cost a
+   sixth of a 500k-row file's write, ``bench/results/parquet_stats.json``); each file's
+   statistics come from its footer, read back (:func:`delta_stats`, the same reading the
+   executors' files get).
 3. ONE Delta commit of the add actions with the append's app transactions and metadata, on the
    snapshot the offsets were read from (``create_write_transaction``): exactly what
    ``write_deltalake`` commits, files written by us instead of by delta-rs.
@@ -134,7 +137,8 @@ def write_parts(queue: QueueHandle, dt: DeltaTable, parts: Mapping[str, pa.Table
         # the footer read back, not write_table's metadata_collector: with it, a failed write
         # (EFBIG, ENOSPC) surfaced as "file metadata is only available after writer close", a
         # RuntimeError no storage-fault translation recognizes (the read is of the file's tail)
-        pq.write_table(rows, path, compression="snappy")
+        pq.write_table(rows, path, compression="snappy",
+                       write_statistics=[c for c in STATS if c in rows.column_names])
         stats, _ = delta_stats(pq.read_metadata(path))
         return AddAction(relative, os.path.getsize(path), values, at_ms, True, json.dumps(stats))
 

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from cues_platform.audit import audit
@@ -78,6 +79,11 @@ def test_a_big_append_commits_the_rows_offsets_and_statistics_delta_rs_would(lak
     assert spans[0][0] == 5 and spans[-1][1] == 4 + BIG
     assert all(hi - lo + 1 == n for lo, hi, n in spans)
     assert all(a["null_count._offset"] == 0 and a["min._append_time"] is not None for a in new)
+    # Parquet statistics of the STATS columns only, the ones the Delta statistics are of
+    footer = pq.read_metadata(f"{fast.uri.removeprefix('file://')}/{new[0]['path']}")
+    with_stats = {footer.schema.column(i).name for i in range(footer.num_columns)
+                  if footer.row_group(0).column(i).statistics is not None}
+    assert with_stats == set(parallel_files.STATS) & set(footer.schema.names)
     # the same partition values as delta-rs' files (a based queue: _base 0, absolute offsets)
     theirs = pa.table(plain.refresh().get_add_actions(flatten=True)).to_pylist()
     values = {k for a in theirs for k in a if k.startswith("partition.")}
