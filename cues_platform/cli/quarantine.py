@@ -27,6 +27,7 @@ from cues_platform.cli.common import lake_option, open_queue
 from cues_platform.errors import ConfigurationError, CuesError
 from cues_platform.processing.contracts import rows_as_json
 from cues_platform.queues import Queue
+from cues_platform.queues.reader import read_present
 from cues_platform.queues.schema import OFFSET, RESERVED
 from cues_platform.settings import exported
 
@@ -154,7 +155,9 @@ def _sample(q: Queue, runs: Runs, limit: int) -> list[str]:
             lo = max(lo, first)
             if len(lines) >= limit or lo >= hi:
                 continue
-            table = q.read_arrow(partition=part, start=lo, end=min(hi, lo + limit - len(lines)))
+            # one snapshot: a retention moving the start meanwhile only leaves fewer rows to show
+            table, _ = read_present(q, partition=part, start=lo, end=min(hi, lo + limit - len(lines)),
+                                    call="cues quarantine list")
             for offset, text in zip(table[OFFSET].to_pylist(), rows_as_json(table.select(payload)), strict=True):
                 short = text if len(text) <= PAYLOAD_CHARS else text[:PAYLOAD_CHARS] + "…"
                 lines.append(f"      {part}/{offset} {short}")

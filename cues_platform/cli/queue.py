@@ -14,6 +14,7 @@ from cues_platform.errors import CuesError
 from cues_platform.oneline import EXIT_BAD_INPUT
 from cues_platform.processing.retention import maintain_queue, maintain_system_tables
 from cues_platform.queues import Queue
+from cues_platform.queues.reader import read_present
 from cues_platform.queues.retention import policy_of, set_policy
 
 
@@ -90,9 +91,9 @@ def queue_tail(
     q = open_queue(lake_root, name)
     part = partition or q.partitions[0]
     with storage(name, q.uri):
-        end = q.next_offset(q.check_partition(part))
-        rows = q.read_arrow(partition=part, start=max(q.start_offset(part), end - count),
-                            isolation=isolation)
+        # one snapshot: a retention moving the start meanwhile only leaves fewer rows to show
+        rows, _ = read_present(q, partition=q.check_partition(part), start=0, newest=count,
+                               isolation=isolation, call="cues queue tail")
     table = Table(*rows.column_names)
     for row in rows.to_pylist():
         table.add_row(*(str(v) for v in row.values()))

@@ -33,6 +33,7 @@ from cues_platform.processing.contracts import rows_as_json
 from cues_platform.processing.failures import CONTRACT_EXCEPTION_TYPE
 from cues_platform.processing.outputs import ERROR_SCHEMA
 from cues_platform.queues import Lake
+from cues_platform.queues.reader import read_present
 from cues_platform.queues.schema import DELIVERY_HASH, OFFSET, RESERVED
 
 QUARANTINE_PROCESSOR = "cues.quarantine"
@@ -118,7 +119,6 @@ def quarantine(lake: Lake, *, error_queue: str, queue: str, partition: str, star
     todo = subtract({partition: [[start, end]]}, quarantined_runs(lake, error_queue=error_queue, queue=queue))
     if not todo:
         return 0
-    first = source.start_offset(partition)
     payload = [c for c in source.payload_schema.names if c not in RESERVED]
     now = datetime.now(UTC)
     rows: dict[str, list] = {name: [] for name in ERROR_SCHEMA.names}
@@ -138,12 +138,11 @@ def quarantine(lake: Lake, *, error_queue: str, queue: str, partition: str, star
         rows["payload"].append(payload_json)
 
     for lo, hi in todo[partition]:
+        # the rows one snapshot holds, and its start: a retention moving it meanwhile is no error
+        table, first = read_present(source, partition=partition, start=lo, end=hi,
+                                    call="quarantine")
         if lo < first:  # retention removed them: acknowledge the range, nothing to copy
             add(lo, min(hi, first), None)
-            lo = max(lo, first)
-        if lo >= hi:
-            continue
-        table = source.read_arrow(partition=partition, start=lo, end=hi)
         for offset, hashed, text in zip(table[OFFSET].to_pylist(), pc.is_valid(table[DELIVERY_HASH]).to_pylist(),
                                         rows_as_json(table.select(payload)), strict=True):
             add(int(offset), int(offset) + 1, text, hashed=bool(hashed))

@@ -47,6 +47,7 @@ from cues_platform.processing.failures import CONTRACT_EXCEPTION_TYPE
 from cues_platform.processing.graph import Graph
 from cues_platform.processing.replay import ReplayRefusedError, replayable, replayed_refs
 from cues_platform.queues import Lake, Queue
+from cues_platform.queues.reader import read_present
 from cues_platform.queues.schema import OFFSET, PARTITION
 
 SAMPLE_ROWS = 10  # rows in cues/newest_rows
@@ -104,10 +105,15 @@ class ErrorSummary:
 
 
 def _chunks(queue: Queue, partition: str, columns: list[str]) -> Any:
-    start, end = queue.start_offset(partition), queue.next_offset(partition)
-    for lo in range(start, end, COUNT_CHUNK):
-        yield queue.read_arrow(partition=partition, start=lo, end=min(end, lo + COUNT_CHUNK),
-                               columns=columns)
+    """The rows of ``partition`` up to its end at the start, ``COUNT_CHUNK`` offsets at a time;
+    rows retention removes meanwhile are not counted (never an error: each chunk is what one
+    snapshot holds)."""
+    lo, end = queue.start_offset(partition), queue.next_offset(partition)
+    while lo < end:
+        table, first = read_present(queue, partition=partition, start=lo,
+                                    end=min(end, lo + COUNT_CHUNK), columns=columns)
+        yield table
+        lo = max(lo + COUNT_CHUNK, first)
 
 
 def _kinds(table: pa.Table) -> pa.Array:
@@ -197,10 +203,9 @@ def newest_error_rows(lake: Lake, name: str, *, count: int = SAMPLE_ROWS) -> lis
     queue = lake.queue(name)
     tables = []
     for part in queue.partitions:
-        end = queue.next_offset(part)
-        start = max(queue.start_offset(part), end - count)
-        if end > start:
-            tables.append(queue.read_arrow(partition=part, start=start, end=end, columns=SAMPLE_COLUMNS))
+        table, _ = read_present(queue, partition=part, start=0, newest=count, columns=SAMPLE_COLUMNS)
+        if table.num_rows:
+            tables.append(table)
     rows = [r for t in tables for r in t.to_pylist()]
     rows.sort(key=lambda r: (r["failed_at"], r[PARTITION], r[OFFSET]), reverse=True)
     return rows[:count]

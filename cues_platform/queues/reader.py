@@ -281,6 +281,34 @@ def read_arrow(
     return execute_arrow(queue, plan, columns=columns)
 
 
+def read_present(
+    queue: QueueHandle,
+    *,
+    partition: str,
+    start: int,
+    end: int | None = None,
+    newest: int | None = None,
+    isolation: Isolation | str = Isolation.READ_COMMITTED,
+    columns: list[str] | None = None,
+    call: str = "Queue.read_arrow",
+) -> tuple[pa.Table, int]:
+    """``(rows, first)``: the rows of ``[max(start, first), end)`` that one snapshot holds, where
+    ``first`` is that snapshot's start offset of ``partition`` (``newest``: only the last
+    ``newest`` offsets before the end). For the platform's own readers that show or count what is
+    there (``cues queue tail``, error counts, quarantine): retention removing rows while they
+    read is not an error for them; the caller learns which offsets it removed, ``[start,
+    first)``. A reader that needs every row uses :func:`read_arrow`, which raises instead."""
+    dt = queue.refresh()
+    first = queue.start_offset(partition, snapshot=dt)
+    if newest is not None:
+        start = max(start, queue.next_offset(partition, snapshot=dt) - newest)
+    start = max(start, first)
+    plan = plan_read(queue, partition=partition, start=start,
+                     end=None if end is None else max(end, start), isolation=isolation, call=call,
+                     snapshot=dt)
+    return execute_arrow(queue, plan, columns=columns), first
+
+
 def execute_spark(queue: QueueHandle, spark: Any, plan: ReadPlan) -> Any:
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema

@@ -229,6 +229,67 @@ def test_an_expendable_tailer_reading_while_retention_moves_the_start_never_rais
     assert len(read) + spare.retained_away == 300
 
 
+def test_read_present_returns_what_one_snapshot_holds_and_its_start(make_queue) -> None:
+    """The platform's own showing and counting readers (``cues queue tail``, error counts,
+    quarantine) read with ``read_present``: below the start is not an error for them, they are
+    told where the start is."""
+    from cues_platform.queues.reader import read_present
+
+    q = make_queue("q", schema=SCHEMA)
+    fill(q, "0", 4)
+    delete_below(q, {"0": 20})
+    table, first = read_present(q, partition="0", start=5, end=30)
+    assert first == 20 and table["_offset"].to_pylist() == list(range(20, 30))
+    table, _ = read_present(q, partition="0", start=0, newest=3, columns=["_offset", "v"])
+    assert table.column_names == ["_offset", "v"] and table["v"].to_pylist() == [37, 38, 39]
+    table, first = read_present(q, partition="0", start=3, end=12)  # removed entirely
+    assert first == 20 and table.num_rows == 0
+    with pytest.raises(OffsetOutOfRangeError):  # the reader that needs every row still raises
+        q.read_arrow(partition="0", start=5, end=30)
+
+
+def test_readers_of_what_is_there_never_raise_while_retention_moves_the_start(make_queue, lake) -> None:
+    """A thread appends and moves the start up behind the end on another handle while ``cues
+    queue tail`` and the error counts' chunked read (``dagster/error_queues.py``) run: each shows
+    what one snapshot holds, in order, never an OffsetOutOfRangeError (before, each took the start
+    offset and then read on a newer snapshot)."""
+    import threading
+
+    from click.testing import CliRunner
+
+    from cues_platform.cli import main
+    from cues_platform.dagster.error_queues import _chunks
+    from cues_platform.queues import Lake
+
+    q = make_queue("q", schema=SCHEMA)
+    fill(q, "0", 1)
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def churn() -> None:
+        other = Lake(root=lake.root).queue("q")
+        try:
+            for i in range(1, 60):
+                other.append(pa.table({"v": list(range(i * 10, i * 10 + 10))}), partition="0")
+                delete_below(other, {"0": other.next_offset("0") - 4})
+        except BaseException as exc:  # noqa: BLE001 - reported by the test below
+            errors.append(exc)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=churn)
+    thread.start()
+    runner, reads = CliRunner(), 0
+    while not done.is_set() or reads < 2:
+        tail = runner.invoke(main, ["queue", "tail", "q", "-n", "6", "--lake", lake.root])
+        assert tail.exit_code == 0 and "OffsetOutOfRange" not in tail.output, tail.output
+        counted = [o for t in _chunks(q, "0", ["_offset", "v"]) for o in t["_offset"].to_pylist()]
+        assert counted == sorted(set(counted))
+        reads += 1
+    thread.join()
+    assert errors == [] and q.start_offset("0") == 596
+
+
 RETAIN_CHILD = """
 import sys
 import pyarrow as pa
