@@ -47,7 +47,7 @@ from cues_platform.dagster.resources import describe_record, spark_session_of
 from cues_platform.processing.graph import AssetBody, Graph, Kind, Processor, QueueDef, Strategy
 from cues_platform.processing.home import home_of
 from cues_platform.processing.idle import LaneWork, lane_work
-from cues_platform.processing.runner import GraphRunner
+from cues_platform.processing.runner import GraphRunner, needs_spark
 
 LAKE_KEY = "lake"
 SPARK_KEY = "spark"
@@ -205,7 +205,10 @@ def build_processor_asset(graph: Graph, proc: Processor, *, prefix: Sequence[str
     )
     def _materialize(context: AssetExecutionContext, config: ProcessorRunConfig):
         lake = getattr(context.resources, LAKE_KEY).lake()
-        spark = spark_session_of(getattr(context.resources, SPARK_KEY))
+        # a processor whose lanes read Arrow runs without Spark, as under ``cues run``: no JVM
+        # started for it (the resource is lazy) and ``ctx.spark`` None
+        spark = (spark_session_of(getattr(context.resources, SPARK_KEY)) if needs_spark(graph, [pid])
+                 else None)
         resources: Mapping[str, Any] = {k: getattr(context.resources, k) for k in user_keys}
         holder: dict[str, Any] = {}
         hook = fault_hook(config, pid, lambda: holder.get("stepper"))

@@ -73,7 +73,7 @@ from cues_platform.processing.idle import lane_work
 from cues_platform.processing.lanes import ALL_PARTITIONS
 from cues_platform.processing.model import Kind, Strategy
 from cues_platform.processing.phased import PhasedStep
-from cues_platform.processing.runner import create_queues
+from cues_platform.processing.runner import create_queues, needs_spark
 from cues_platform.processing.step import StepResult
 from cues_platform.queues import Lake
 
@@ -265,7 +265,7 @@ class CuesStepIOManager(CuesIOManager):
                 run.lanes[lane.id] = LaneStep(lane, None, found=describe_record(_last_record(lake, lane.id)),
                                               rolled=False, idle=idle)
                 continue
-            if spark is None:
+            if spark is None and needs_spark(graph, [lane.id]):  # an Arrow lane starts no JVM
                 spark = spark_session_of(self.spark)
             run.lanes[lane.id] = self._open_lane(graph, lane, lake, spark, config)
         return run

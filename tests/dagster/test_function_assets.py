@@ -358,3 +358,24 @@ def test_declarations_infer_the_kind_and_refuse_what_cannot_work() -> None:
         processor_asset(inputs={"src": "a"}, outputs="b", kind=Kind.SOURCE)(fn)
     with pytest.raises(GraphError, match="at least one input"):
         processor_asset(inputs={}, outputs="b")(fn)
+
+
+def test_a_function_asset_reading_arrow_materializes_without_starting_spark(lake, instance) -> None:
+    """The step IO manager of a lane whose input is read as Arrow asks for no Spark session: its
+    resource points at a master nobody listens on (creating the session would fail in one line)
+    and every step still delivers exactly once."""
+    import socket
+
+    from cues_platform.processing import ReadAs
+    from tests.processing.test_read_as import arrow_map
+
+    with socket.socket() as probe:  # a port nobody listens on (bound, never listened)
+        probe.bind(("127.0.0.1", 0))
+        graph = function_face(matrix.build_graph("map", fn=arrow_map("output"), read_as=ReadAs.ARROW))
+        create_queues(graph, lake)
+        matrix.load_inputs(lake, "map")
+        master = f"spark://127.0.0.1:{probe.getsockname()[1]}"
+        defs = build_definitions(graph, lake=LakeResource(root=lake.root), spark=CuesSparkResource(master=master))
+        results = materialize_until_idle(defs, instance)
+    assert all(r.success for r in results), failure_classes(results[-1])
+    matrix.check_exact(lake, "map", "output")

@@ -158,3 +158,37 @@ def test_the_function_face_headline_is_its_cause_in_one_line(spark, lake, instan
     assert data.error.cls_name == "Failure" and "InjectedFailure" in _causes(data.error)
     materialize_until_idle(fdefs, instance)
     matrix.check_exact(lake, "fork", "output")
+
+
+def test_a_processor_reading_arrow_materializes_without_starting_spark(lake, instance) -> None:
+    """Its Spark resource points at a master nobody listens on: creating the session would fail
+    in one line (SparkMasterUnreachableError). A processor whose input is read as Arrow never
+    asks for the session, as under ``cues run``: it materializes, exactly once, and its function
+    sees ``ctx.spark`` None."""
+    import socket
+
+    from cues_platform.dagster import CuesSparkResource, LakeResource, build_definitions
+    from cues_platform.processing import ReadAs
+    from cues_platform.processing.runner import create_queues
+    from tests.processing import graphs
+    from tests.processing.test_read_as import arrow_map
+
+    with socket.socket() as probe:  # a port nobody listens on (bound, never listened)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+        seen: list[object] = []
+        inner = arrow_map("output")
+
+        def fn(ctx, src):  # noqa: ANN001, ANN202
+            seen.append(ctx.spark)
+            return inner(ctx, src)
+
+        graph = graphs.build_graph("map", fn=fn, read_as=ReadAs.ARROW)
+        create_queues(graph, lake)
+        graphs.load_inputs(lake, "map")
+        defs = build_definitions(graph, lake=LakeResource(root=lake.root),
+                                 spark=CuesSparkResource(master=f"spark://127.0.0.1:{port}"))
+        result = materialize(assets_of(defs), resources=resources_of(defs), instance=instance)
+    assert result.success
+    assert seen and all(s is None for s in seen)
+    graphs.check_exact(lake, "map", "output")
