@@ -178,9 +178,12 @@ def start_cluster(*, folder: str | Path, workers: int = 2, cores: int = 2, memor
         started[1:] = ready
         wait_registered(cluster, deadline=deadline)
         return cluster
-    except BaseException:
+    except BaseException as exc:
         if started:
-            Cluster(folder=str(root), master=started[0], workers=tuple(started[1:])).stop(grace=5.0)
+            try:
+                Cluster(folder=str(root), master=started[0], workers=tuple(started[1:])).stop(grace=5.0)
+            except ClusterError as stuck:  # the start's own error stays the one raised
+                exc.add_note(f"and stopping what had started failed: {stuck}")
         raise
 
 

@@ -51,6 +51,7 @@ from cues_platform.spark.client import (
 from cues_platform.spark.daemons import (
     POLL,
     SPARK_HOME,
+    ClusterError,
     alive,
     daemon_marker,
     is_ours,
@@ -155,8 +156,11 @@ def start_connect_server(*, folder: str | Path, port: int = 0, master: str = "lo
 
     try:
         wait_listening(server, deadline=time.monotonic() + timeout, on_exit=exited)
-    except BaseException:
-        server.stop(grace=5.0)
+    except BaseException as exc:
+        try:
+            server.stop(grace=5.0)
+        except ClusterError as stuck:  # the start's own error stays the one raised
+            exc.add_note(f"and stopping the server failed: {stuck}")
         raise
     return server
 
