@@ -15,8 +15,10 @@ delete below a cut. This module decides the cut, because only here is every read
 2. The policy's cut per partition (``queues.retention.cuts``: age on the platform clock, size in
    whole files), never past the low-water mark.
 3. One delete commit per queue moves the starts (``queues.retention.delete_below``).
-4. Expendable tailers below a new start are moved to it (one positions commit); each learns it on
-   its next read (``Tailer.retained_away``).
+4. Expendable tailers below a new start are moved to it (one positions commit,
+   ``PositionStore.move_up``: each compared again on the snapshot the commit is built on, so one
+   that committed past the start meanwhile is never moved back); each learns it on its next read
+   (``Tailer.retained_away``). A tailer's own commit racing this one is made again, not lost.
 
 Time only chooses among rows every reader has passed, so a clock that runs ahead (a skewed
 machine) can remove consumed rows early but never a row someone still needs. On abort: a crash
@@ -167,9 +169,10 @@ def retain(queue: Queue, *, now_ms: int | None = None) -> RetentionReport:
     starts = {p.partition: p.new_start for p in report.partitions}
     behind = [(t, p, pos) for t, p, pos in expendable if pos < starts[p]]
     if behind:
-        PositionStore(queue.lake).commit_many(
-            [(queue.name, t, p, starts[p]) for t, p, _ in behind], expendable=[True] * len(behind))
-        report.moved_tailers = [(t, p, pos, starts[p]) for t, p, pos in behind]
+        # compared again on the snapshot the move is committed on: a tailer that committed past
+        # the new start meanwhile is not moved back (it would read those rows again)
+        report.moved_tailers = PositionStore(queue.lake).move_up(
+            [(queue.name, t, p, starts[p]) for t, p, _ in behind])
     return report
 
 

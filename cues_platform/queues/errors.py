@@ -111,6 +111,12 @@ class ConcurrentAppendError(QueueError):
     retryable = True
 
 
+class PositionConflictError(QueueError):
+    """Other writers kept committing the same tailer positions; retrying later can succeed."""
+
+    retryable = True
+
+
 class ProducerFencedError(QueueError):
     """A newer instance of this producer id (or transactional id) started; this instance must stop.
 

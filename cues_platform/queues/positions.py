@@ -12,15 +12,16 @@ newest checkpoint (written every 100 commits) instead of growing one snapshot co
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import DeltaError, TableNotFoundError
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from cues_platform.queues.creation import create_table_once
-from cues_platform.queues.errors import StorageUnreachableError
+from cues_platform.queues.errors import PositionConflictError, StorageUnreachableError
 from cues_platform.queues.faults import translated
 from cues_platform.queues.integrity import (
     TableStorage,
@@ -38,6 +39,7 @@ from cues_platform.queues.location import LakeLocation
 from cues_platform.queues.maintenance import trim_log
 
 CHECKPOINT_INTERVAL = 100  # commits; written by delta-rs' post-commit hook
+CONFLICT_RETRIES = 20  # a position commit refused as a concurrent transaction, made again
 # A handle moved forward over this many commits is replaced by a fresh one opened from the newest
 # checkpoint: delta-rs snapshots advanced commit by commit get slower with every commit (a
 # position commit measured 12 ms at commit 100 and 100 ms at commit 1,000 without this).
@@ -179,33 +181,82 @@ class PositionStore:
 
     def commit_many(self, positions: list[tuple[str, str, str, int]], *,
                     expendable: list[bool] | None = None) -> None:
-        """Commit several ``(queue, tailer, partition, position)`` in ONE Delta commit (atomic)."""
-        if not positions:
-            return
-        flags = ([] if expendable is None else
-                 [Transaction(TAILER_EXPENDABLE.id(q, t, p), int(e))
-                  for (q, t, p, _), e in zip(positions, expendable, strict=True)])
-        now = datetime.now(UTC)
-        rows = pa.table(
-            {
-                "queue": [p[0] for p in positions],
-                "tailer": [p[1] for p in positions],
-                "partition": [p[2] for p in positions],
-                "position": [p[3] for p in positions],
-                "committed_at": [now] * len(positions),
-            },
-            schema=SCHEMA,
-        )
-        with self.table.lock, translated(table=f"system table {self.table.name!r}", uri=self.table.uri,
-                                         during="position"):
-            write_deltalake(
-                self.table.snapshot(),
-                rows,
-                mode="append",
-                commit_properties=CommitProperties(
-                    app_transactions=[Transaction(TAILER_POSITION.id(q, t, p), pos)
-                                      for q, t, p, pos in positions] + flags,
-                    max_commit_retries=50,
-                ),
-                post_commithook_properties=COMMIT_HOOKS,
-            )
+        """Commit several ``(queue, tailer, partition, position)`` in ONE Delta commit (atomic).
+
+        The caller owns these positions (a tailer, a consumer): when another writer committed one
+        of the same positions between the snapshot this commit is built on and the commit (delta-rs
+        refuses it: a concurrent transaction of the same app id; retention moving an expendable
+        tailer, say), it is made again on the newer snapshot, as Kafka's last offset commit wins.
+        ``CONFLICT_RETRIES`` refusals in a row raise :class:`PositionConflictError` (retryable)."""
+        if positions:
+            self._commit(lambda _dt: (positions, expendable))
+
+    def move_up(self, positions: list[tuple[str, str, str, int]]) -> list[tuple[str, str, int, int]]:
+        """Move each ``(queue, tailer, partition, position)`` up to ``position``, marked expendable,
+        only if its committed position is still below it, in ONE commit built on the snapshot the
+        positions were compared on (retention's Step 4). A tailer that committed meanwhile is
+        compared again, never moved back. Returns ``(tailer, partition, old, new)`` of the moves."""
+        moved: list[tuple[str, str, int, int]] = []
+
+        def still_behind(dt: DeltaTable) -> tuple[list[tuple[str, str, str, int]], list[bool]] | None:
+            moved.clear()
+            chosen = []
+            for q, t, p, pos in positions:
+                old = dt.transaction_version(TAILER_POSITION.id(q, t, p))
+                if old is not None and int(old) < pos:
+                    chosen.append((q, t, p, pos))
+                    moved.append((t, p, int(old), pos))
+            return (chosen, [True] * len(chosen)) if chosen else None
+
+        if positions:
+            self._commit(still_behind)
+        return list(moved)
+
+    def _commit(self, choose: Callable[[DeltaTable], tuple[list[tuple[str, str, str, int]],
+                                                           list[bool] | None] | None]) -> None:
+        """One commit of what ``choose`` picks on the snapshot it is built on (None: nothing to
+        commit), made again on a newer snapshot when a concurrent commit of the same app ids won."""
+        table = f"system table {self.table.name!r}"
+        for _ in range(CONFLICT_RETRIES):
+            with self.table.lock, translated(table=table, uri=self.table.uri, during="position"):
+                dt = self.table.snapshot()
+                chosen = choose(dt)
+                if chosen is None:
+                    return
+                positions, expendable = chosen
+                try:
+                    write_deltalake(dt, _rows(positions), mode="append",
+                                    commit_properties=CommitProperties(
+                                        app_transactions=_transactions(positions, expendable),
+                                        max_commit_retries=50),
+                                    post_commithook_properties=COMMIT_HOOKS)
+                    return
+                except CommitFailedError as exc:
+                    if "concurrent transaction" not in str(exc).lower():
+                        raise
+        raise PositionConflictError(
+            f"{table}: other writers kept committing the same tailer positions "
+            f"({CONFLICT_RETRIES} attempts refused as concurrent transactions); commit again",
+            table=self.table.uri)
+
+
+def _rows(positions: list[tuple[str, str, str, int]]) -> pa.Table:
+    now = datetime.now(UTC)
+    return pa.table(
+        {
+            "queue": [p[0] for p in positions],
+            "tailer": [p[1] for p in positions],
+            "partition": [p[2] for p in positions],
+            "position": [p[3] for p in positions],
+            "committed_at": [now] * len(positions),
+        },
+        schema=SCHEMA,
+    )
+
+
+def _transactions(positions: list[tuple[str, str, str, int]],
+                  expendable: list[bool] | None) -> list[Transaction]:
+    flags = ([] if expendable is None else
+             [Transaction(TAILER_EXPENDABLE.id(q, t, p), int(e))
+              for (q, t, p, _), e in zip(positions, expendable, strict=True)])
+    return [Transaction(TAILER_POSITION.id(q, t, p), pos) for q, t, p, pos in positions] + flags

@@ -157,6 +157,59 @@ def test_positions_remember_which_tailers_are_expendable(make_queue) -> None:
     assert PositionStore(q.lake).tailers("q")[1] == TailerPosition("b", "0", 8, False)
 
 
+def test_moving_expendable_tailers_up_never_moves_one_back(make_queue, lake) -> None:
+    """Retention's Step 4 (``PositionStore.move_up``) compares each tailer's committed position on
+    the snapshot it commits on: one that committed past the new start since retention read the
+    positions stays where it is (moving it back would make it read those rows again)."""
+    from cues_platform.queues.positions import PositionStore
+
+    q = make_queue("q", schema=SCHEMA)
+    fill(q, "0", 4)
+    q.tailer("ahead", partition="0", expendable=True).commit(30)
+    q.tailer("behind", partition="0", expendable=True).commit(5)
+    moved = PositionStore(lake).move_up([("q", "ahead", "0", 20), ("q", "behind", "0", 20)])
+    assert moved == [("behind", "0", 5, 20)]
+    assert [(t.tailer, t.position, t.expendable) for t in PositionStore(lake).tailers("q")] == [
+        ("ahead", 30, True), ("behind", 20, True)]
+
+
+def test_a_tailers_commit_racing_retentions_move_of_it_is_made_again_not_lost(make_queue, lake) -> None:
+    """The tailer commits its position on one handle while retention moves it on another (a
+    `cues jepsen --time` run saw the tailer's commit refused as a concurrent transaction, an
+    untyped CommitFailedError). The refused commit is made again on the newer snapshot: no
+    error, and the tailer's last commit stands."""
+    import threading
+
+    from cues_platform.queues import Lake
+    from cues_platform.queues.positions import PositionStore
+
+    make_queue("q", schema=SCHEMA)
+    errors: list[BaseException] = []
+
+    def retention() -> None:
+        store = PositionStore(Lake(root=lake.root))
+        try:
+            for target in range(1, 81):
+                store.move_up([("q", "spare", "0", target)])
+        except BaseException as exc:  # noqa: BLE001 - reported by the test below
+            errors.append(exc)
+
+    tailer = Lake(root=lake.root).queue("q").tailer("spare", partition="0", expendable=True)
+    tailer.commit(0)
+    thread = threading.Thread(target=retention)
+    thread.start()
+    try:
+        for position in range(1, 81):
+            q = tailer.queue
+            q.append(pa.table({"v": [position]}), partition="0")
+            tailer.commit(position)
+    except BaseException as exc:  # noqa: BLE001 - reported below
+        errors.append(exc)
+    thread.join()
+    assert errors == []
+    assert PositionStore(lake).get(queue="q", tailer="spare", partition="0") == 80
+
+
 def test_retention_racing_appends_on_one_handle_keeps_offsets_dense_and_rows_above_the_start(
         make_queue) -> None:
     """Threads sharing one handle: one appends 40 batches, one moves the start up behind it (as
