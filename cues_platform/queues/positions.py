@@ -158,10 +158,13 @@ class PositionStore:
 
     def commit(self, *, queue: str, tailer: str, partition: str, position: int,
                expendable: bool | None = None) -> None:
-        """Commit one position; ``expendable`` (when not None) is recorded with it (retention
-        moves an expendable tailer forward instead of keeping rows for it)."""
+        """Commit one tailer's position (``Tailer.commit``); ``expendable`` (when not None) is
+        recorded with it (retention moves an expendable tailer forward instead of keeping rows for
+        it). The tailer owns it: a commit refused because retention moved the same tailer
+        meanwhile is made again (``commit_many``'s ``retry_conflicts``)."""
         flags = None if expendable is None else [expendable]
-        self.commit_many([(queue, tailer, partition, position)], expendable=flags)
+        self.commit_many([(queue, tailer, partition, position)], expendable=flags,
+                         retry_conflicts=True)
 
     def tailers(self, queue: str) -> list[TailerPosition]:
         """Every tailer with a committed position on ``queue`` (the rows name them; the app
@@ -180,16 +183,20 @@ class PositionStore:
         return out
 
     def commit_many(self, positions: list[tuple[str, str, str, int]], *,
-                    expendable: list[bool] | None = None) -> None:
+                    expendable: list[bool] | None = None, retry_conflicts: bool = False) -> None:
         """Commit several ``(queue, tailer, partition, position)`` in ONE Delta commit (atomic).
 
-        The caller owns these positions (a tailer, a consumer): when another writer committed one
-        of the same positions between the snapshot this commit is built on and the commit (delta-rs
-        refuses it: a concurrent transaction of the same app id; retention moving an expendable
-        tailer, say), it is made again on the newer snapshot, as Kafka's last offset commit wins.
-        ``CONFLICT_RETRIES`` refusals in a row raise :class:`PositionConflictError` (retryable)."""
+        Another writer committing one of the same positions between the snapshot this commit is
+        built on and the commit makes delta-rs refuse it (a concurrent transaction of the same app
+        id). ``retry_conflicts`` (a tailer, which owns its position; the other writer is
+        retention moving it): the commit is made again on the newer snapshot, as Kafka's last
+        offset commit wins, and ``CONFLICT_RETRIES`` refusals in a row raise
+        :class:`PositionConflictError`. Without it (a processor's positions: only a second
+        instance of it writes the same ids) the first refusal raises that error, nothing
+        committed (retryable: the next start plans from the positions that won)."""
         if positions:
-            self._commit(lambda _dt: (positions, expendable))
+            self._commit(lambda _dt: (positions, expendable),
+                         attempts=CONFLICT_RETRIES if retry_conflicts else 1)
 
     def move_up(self, positions: list[tuple[str, str, str, int]]) -> list[tuple[str, str, int, int]]:
         """Move each ``(queue, tailer, partition, position)`` up to ``position``, marked expendable,
@@ -209,15 +216,17 @@ class PositionStore:
             return (chosen, [True] * len(chosen)) if chosen else None
 
         if positions:
-            self._commit(still_behind)
+            self._commit(still_behind, attempts=CONFLICT_RETRIES)
         return list(moved)
 
     def _commit(self, choose: Callable[[DeltaTable], tuple[list[tuple[str, str, str, int]],
-                                                           list[bool] | None] | None]) -> None:
+                                                           list[bool] | None] | None], *,
+                attempts: int) -> None:
         """One commit of what ``choose`` picks on the snapshot it is built on (None: nothing to
-        commit), made again on a newer snapshot when a concurrent commit of the same app ids won."""
+        commit), made again on a newer snapshot, up to ``attempts`` in all, while a concurrent
+        commit of the same app ids wins."""
         table = f"system table {self.table.name!r}"
-        for _ in range(CONFLICT_RETRIES):
+        for _ in range(attempts):
             with self.table.lock, translated(table=table, uri=self.table.uri, during="position"):
                 dt = self.table.snapshot()
                 chosen = choose(dt)
@@ -235,9 +244,10 @@ class PositionStore:
                     if "concurrent transaction" not in str(exc).lower():
                         raise
         raise PositionConflictError(
-            f"{table}: other writers kept committing the same tailer positions "
-            f"({CONFLICT_RETRIES} attempts refused as concurrent transactions); commit again",
-            table=self.table.uri)
+            f"{table}: another writer committed the same positions meanwhile ({attempts} "
+            f"attempt(s) refused as concurrent transactions; a second instance of the same "
+            "processor or tailer?); nothing was committed: start again (positions are read anew)",
+            table=self.table.uri, attempts=attempts)
 
 
 def _rows(positions: list[tuple[str, str, str, int]]) -> pa.Table:
