@@ -245,34 +245,44 @@ def test_retention_racing_appends_on_one_handle_keeps_offsets_dense_and_rows_abo
     assert verify_log(q) == []
 
 
+def churn(root: str, *, batches: range, size: int, keep: int):  # noqa: ANN201
+    """Start a thread that appends batch ``i`` (values ``i*size ...``, so value v sits at offset
+    v) to queue ``q`` on its own handle and moves the start up to ``keep`` offsets below the end
+    after each: ``(thread, done, errors)``."""
+    import threading
+
+    from cues_platform.queues import Lake
+
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        other = Lake(root=root).queue("q")
+        try:
+            for i in batches:
+                other.append(pa.table({"v": list(range(i * size, i * size + size))}), partition="0")
+                delete_below(other, {"0": other.next_offset("0") - keep})
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, done, errors
+
+
 def test_an_expendable_tailer_reading_while_retention_moves_the_start_never_raises(make_queue, lake) -> None:
     """A thread appends and moves the start up behind the end (as maintenance would, on another
     handle) while an expendable tailer reads: each read plans on the snapshot it took the start
     offset from, so a start moving in between is caught up (counted in ``retained_away``), never an
     OffsetOutOfRangeError (a jepsen time run once saw one). Every offset below the tailer's position
     was read once, in order, or counted as retained away."""
-    import threading
 
-    from cues_platform.queues import Lake
 
     q = make_queue("q", schema=SCHEMA)
     spare = q.tailer("spare", partition="0", expendable=True)
-    done = threading.Event()
-    errors: list[BaseException] = []
-
-    def churn() -> None:
-        other = Lake(root=lake.root).queue("q")
-        try:
-            for i in range(60):
-                other.append(pa.table({"v": list(range(i * 5, i * 5 + 5))}), partition="0")
-                delete_below(other, {"0": other.next_offset("0") - 2})
-        except BaseException as exc:  # noqa: BLE001 - reported by the test below
-            errors.append(exc)
-        finally:
-            done.set()
-
-    thread = threading.Thread(target=churn)
-    thread.start()
+    thread, done, errors = churn(lake.root, batches=range(60), size=5, keep=2)
     read: list[int] = []
     while not done.is_set() or spare.position < q.next_offset("0"):
         read += spare.read_arrow(3)["_offset"].to_pylist()
@@ -306,32 +316,15 @@ def test_readers_of_what_is_there_never_raise_while_retention_moves_the_start(ma
     queue tail`` and the error counts' chunked read (``dagster/error_queues.py``) run: each shows
     what one snapshot holds, in order, never an OffsetOutOfRangeError (before, each took the start
     offset and then read on a newer snapshot)."""
-    import threading
 
     from click.testing import CliRunner
 
     from cues_platform.cli import main
     from cues_platform.dagster.error_queues import _chunks
-    from cues_platform.queues import Lake
 
     q = make_queue("q", schema=SCHEMA)
     fill(q, "0", 1)
-    done = threading.Event()
-    errors: list[BaseException] = []
-
-    def churn() -> None:
-        other = Lake(root=lake.root).queue("q")
-        try:
-            for i in range(1, 60):
-                other.append(pa.table({"v": list(range(i * 10, i * 10 + 10))}), partition="0")
-                delete_below(other, {"0": other.next_offset("0") - 4})
-        except BaseException as exc:  # noqa: BLE001 - reported by the test below
-            errors.append(exc)
-        finally:
-            done.set()
-
-    thread = threading.Thread(target=churn)
-    thread.start()
+    thread, done, errors = churn(lake.root, batches=range(1, 60), size=10, keep=4)
     runner, reads = CliRunner(), 0
     while not done.is_set() or reads < 2:
         tail = runner.invoke(main, ["queue", "tail", "q", "-n", "6", "--lake", lake.root])
