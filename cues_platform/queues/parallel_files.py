@@ -15,9 +15,12 @@ least :data:`PARALLEL_MIN_ROWS` rows on a local lake:
 2. The slices are written as Parquet files under ``_partition={p}/`` on a thread pool (pyarrow
    releases the GIL while it encodes), with Parquet statistics of the :data:`STATS` columns
    only (the queue's Delta statistics are of those: min/max of every payload column cost a
-   sixth of a 500k-row file's write, ``bench/results/parquet_stats.json``); each file's
-   statistics come from its footer, read back (:func:`delta_stats`, the same reading the
-   executors' files get).
+   sixth of a 500k-row file's write, ``bench/results/parquet_stats.json``) and dictionary
+   encoding of the variable-length (string, binary) columns only (:func:`dictionary_columns`:
+   pyarrow's default tries a dictionary for every column and gives it up for unique numbers
+   such as ``_offset`` after hashing a megabyte of them; ``bench/results/parquet_encoding.json``);
+   each file's statistics come from its footer, read back (:func:`delta_stats`, the same reading
+   the executors' files get).
 3. ONE Delta commit of the add actions with the append's app transactions and metadata, on the
    snapshot the offsets were read from (``create_write_transaction``): exactly what
    ``write_deltalake`` commits, files written by us instead of by delta-rs.
@@ -34,6 +37,7 @@ through delta-rs' object store from Python, one request at a time).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import uuid
@@ -108,6 +112,19 @@ def delta_stats(meta: pq.FileMetaData) -> tuple[dict[str, Any], dict[str, int]]:
     return stats, nulls
 
 
+@functools.lru_cache(maxsize=64)
+def dictionary_columns(schema: pa.Schema) -> tuple[str, ...]:
+    """The Parquet leaf columns of ``schema`` (dot paths, nested ones included, as Parquet names
+    them) whose values are variable-length bytes (strings, binaries): the columns a file of
+    :func:`write_parts` dictionary-encodes. Read from the footer of an empty file of the schema,
+    so the paths are pyarrow's own (``tags.list.element``)."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(schema.empty_table(), sink)
+    meta = pq.read_metadata(pa.BufferReader(sink.getvalue())).schema
+    return tuple(meta.column(i).path for i in range(len(meta))
+                 if meta.column(i).physical_type == "BYTE_ARRAY")
+
+
 def _slices(table: pa.Table) -> list[pa.Table]:
     """Step 1: at most one slice per core, each at least half of ``PARALLEL_MIN_ROWS``."""
     count = max(1, min(cores(), table.num_rows // (PARALLEL_MIN_ROWS // 2)))
@@ -138,7 +155,8 @@ def write_parts(queue: QueueHandle, dt: DeltaTable, parts: Mapping[str, pa.Table
         # (EFBIG, ENOSPC) surfaced as "file metadata is only available after writer close", a
         # RuntimeError no storage-fault translation recognizes (the read is of the file's tail)
         pq.write_table(rows, path, compression="snappy",
-                       write_statistics=[c for c in STATS if c in rows.column_names])
+                       write_statistics=[c for c in STATS if c in rows.column_names],
+                       use_dictionary=list(dictionary_columns(rows.schema)))
         stats, _ = delta_stats(pq.read_metadata(path))
         return AddAction(relative, os.path.getsize(path), values, at_ms, True, json.dumps(stats))
 
@@ -177,5 +195,5 @@ def committed_version(queue: QueueHandle, dt: DeltaTable, before: int, token: st
     return None
 
 
-__all__: Sequence[str] = ["PARALLEL_MIN_ROWS", "committed_version", "cores", "delta_stats", "pays",
-                          "write_parts"]
+__all__: Sequence[str] = ["PARALLEL_MIN_ROWS", "committed_version", "cores", "delta_stats",
+                          "dictionary_columns", "pays", "write_parts"]

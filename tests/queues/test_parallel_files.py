@@ -84,11 +84,36 @@ def test_a_big_append_commits_the_rows_offsets_and_statistics_delta_rs_would(lak
     with_stats = {footer.schema.column(i).name for i in range(footer.num_columns)
                   if footer.row_group(0).column(i).statistics is not None}
     assert with_stats == set(parallel_files.STATS) & set(footer.schema.names)
+    # dictionaries of the string columns only: none of a unique number such as _offset
+    columns = [footer.schema.column(i) for i in range(footer.num_columns)]
+    dictionary = {c.name for i, c in enumerate(columns)
+                  if any("DICTIONARY" in e for e in footer.row_group(0).column(i).encodings)}
+    assert dictionary == {c.name for c in columns if c.physical_type == "BYTE_ARRAY"}
+    assert "_offset" not in dictionary and "_delivery_hash" in dictionary
     # the same partition values as delta-rs' files (a based queue: _base 0, absolute offsets)
     theirs = pa.table(plain.refresh().get_add_actions(flatten=True)).to_pylist()
     values = {k for a in theirs for k in a if k.startswith("partition.")}
     assert {(k, a[k]) for a in new for k in values} == {(k, a[k]) for a in theirs for k in values
                                                        if a["partition._partition"] == "0"}
+
+
+def test_the_dictionary_columns_are_the_byte_array_leaves_nested_ones_included(tmp_path):
+    schema = pa.schema([("n", pa.int64()), ("s", pa.string()), ("b", pa.binary()),
+                        ("st", pa.struct([("x", pa.string()), ("y", pa.float64())])),
+                        ("l", pa.list_(pa.large_string())), ("m", pa.map_(pa.string(), pa.int64())),
+                        ("d", pa.decimal128(10, 2)), ("t", pa.timestamp("us", tz="UTC"))])
+    names = parallel_files.dictionary_columns(schema)
+    assert names == ("s", "b", "st.x", "l.list.element", "m.key_value.key")
+    # pyarrow takes the paths as they are: the file dictionary-encodes those leaves and no other
+    table = pa.table({"n": [1, 2], "s": ["a", "a"], "b": [b"x", b"x"], "st": [{"x": "p", "y": 1.0}] * 2,
+                      "l": [["q"], ["q"]], "m": [[("k", 1)], [("k", 2)]], "d": [None, None],
+                      "t": [None, None]}, schema=schema)
+    pq.write_table(table, tmp_path / "f.parquet", use_dictionary=list(names))
+    footer = pq.read_metadata(tmp_path / "f.parquet")
+    encoded = {footer.schema.column(i).path for i in range(footer.num_columns)
+               if any("DICTIONARY" in e for e in footer.row_group(0).column(i).encodings)}
+    assert encoded == set(names)
+    assert pq.read_table(tmp_path / "f.parquet").equals(table)
 
 
 KILL_IN_COMMIT = textwrap.dedent("""
