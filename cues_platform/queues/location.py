@@ -48,6 +48,7 @@ from cues_platform.queues.layout import (
     MAX_ROWS_KEY,
     NO_LOG_CLEANUP_PROPERTY,
     PARTITIONS_KEY,
+    QUEUE_CHECKPOINT_INTERVAL,
     QUEUE_TOMBSTONE_PROPERTY,
     STATS_COLUMNS,
     OffsetLayout,
@@ -171,7 +172,7 @@ class LakeLocation:
                     PARTITIONS_KEY: json.dumps(parts),
                     MAX_ROWS_KEY: str(max_batch_rows),
                     FORMAT_KEY: offset_layout.format_version,
-                    "delta.checkpointInterval": "100",
+                    "delta.checkpointInterval": str(QUEUE_CHECKPOINT_INTERVAL),
                     **NO_LOG_CLEANUP_PROPERTY,  # log cleanup is maintenance's (see COMMIT_HOOKS)
                     # tombstones kept exactly as long as vacuum's retention (maintenance.py)
                     **QUEUE_TOMBSTONE_PROPERTY,

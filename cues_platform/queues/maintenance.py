@@ -68,8 +68,8 @@ from cues_platform.errors import ConfigurationError
 from cues_platform.queues.errors import ConcurrentAppendError, UnsafeRetentionError
 from cues_platform.queues.integrity import LOG_DIR, TableStorage
 from cues_platform.queues.layout import (
-    COMMIT_HOOKS,
     DEFAULT_VACUUM_RETENTION_HOURS,
+    NO_HOOKS,
     TXN_RETENTION_KEY,
 )
 from cues_platform.queues.schema import PARTITION
@@ -310,12 +310,14 @@ def checkpoint_without_tombstones(queue: QueueHandle, *, version: int) -> int | 
             if dt.version() != version:
                 return None
             key = queue.cache.key(dt)
+            # no checkpoint by delta-rs' hook even when version + 1 is on the interval (one
+            # maintain in 10 at queues' interval of 10): the filtered one below takes its place
             write_deltalake(dt, queue.table_schema.empty_table(), mode="append",
                             commit_properties=CommitProperties(
                                 custom_metadata={"cues.queue": queue.name,
                                                  "cues.maintenance": "checkpoint"},
                                 max_commit_retries=0),
-                            post_commithook_properties=COMMIT_HOOKS)
+                            post_commithook_properties=NO_HOOKS)
             if dt.version() != version + 1:
                 return None
             queue.committed(dt, before=key, txns=[])

@@ -156,18 +156,41 @@ def test_a_commit_after_the_checkpoint_drops_nothing(make_queue) -> None:
     assert q.lake.queue("events").read_arrow(partition="0")["id"].to_pylist() == list(range(13))
 
 
-def test_a_checkpoint_delta_rs_wrote_at_that_version_is_never_replaced(make_queue) -> None:
-    """When the empty commit lands on the checkpoint interval, delta-rs' post-commit hook writes
-    that version's checkpoint itself (tombstones kept); it stays as it is."""
+def test_the_empty_commit_on_the_checkpoint_interval_gets_the_checkpoint_without_tombstones(
+        make_queue) -> None:
+    """The empty commit is made without delta-rs' checkpoint hook: when its version lands on the
+    checkpoint interval (one maintain in 10 at queues' interval of 10), its checkpoint is still
+    the one without the redundant tombstones."""
     q = make_queue(properties={"delta.checkpointInterval": "1000"})
     _old_files_compacted(q, age_s=0)  # versions 1-3 the appends, 4 the compaction
     # version 5; delta-rs' hook checkpoints a commit whose version + 1 is a multiple: 6
     q.refresh().alter.set_table_properties({"delta.checkpointInterval": "7"})
     DeltaTable(q.uri).create_checkpoint()
     assert q.version() == 5
-    hooked = _root(q) / "_delta_log" / f"{6:020d}.checkpoint.parquet"
-    assert checkpoint_without_tombstones(q, version=5) is None
-    assert q.version() == 6 and hooked.exists() and len(_tombstones(q, 6)) == 3
+    assert checkpoint_without_tombstones(q, version=5) == 6
+    assert q.version() == 6 and _checkpoints(q)[-1] == 6 and _tombstones(q, 6) == {}
+    assert q.lake.queue("events").read_arrow(partition="0")["id"].to_pylist() == list(range(12))
+
+
+def test_a_checkpoint_another_writer_wrote_at_that_version_is_never_replaced(make_queue,
+                                                                             monkeypatch) -> None:
+    """Another writer checkpointing the empty commit's version first (``create_checkpoint`` between
+    the empty commit and the link): its checkpoint (tombstones kept) stays as it is."""
+    q = make_queue(properties={"delta.checkpointInterval": "1000"})
+    _old_files_compacted(q, age_s=0)
+    DeltaTable(q.uri).create_checkpoint()
+    assert q.version() == 4
+    write_table = maintenance.pq.write_table
+
+    def first_another_checkpoint(table, where, *args, **kwargs):
+        DeltaTable(q.uri).create_checkpoint()  # version 5, the empty commit's, with tombstones
+        return write_table(table, where, *args, **kwargs)
+
+    monkeypatch.setattr(maintenance.pq, "write_table", first_another_checkpoint)
+    hooked = _root(q) / "_delta_log" / f"{5:020d}.checkpoint.parquet"
+    assert checkpoint_without_tombstones(q, version=4) is None
+    monkeypatch.undo()
+    assert q.version() == 5 and hooked.exists() and len(_tombstones(q, 5)) == 3
     assert not [p for p in (_root(q) / "_delta_log").iterdir() if p.name.endswith(".tmp")]
     assert q.lake.queue("events").read_arrow(partition="0")["id"].to_pylist() == list(range(12))
 
