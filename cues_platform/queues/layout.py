@@ -76,13 +76,11 @@ NO_HOOKS = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_log
 NO_LOG_CLEANUP_PROPERTY = {"delta.enableExpiredLogCleanup": "false"}
 # Every queue the platform creates is checkpointed every this many commits (Delta's own default;
 # delta-rs' is 100). delta-rs 1.6 replays the log from the newest checkpoint on EVERY refresh
-# (``update_incremental``) and every ``transaction_version`` lookup, even one version ahead:
-# measured 1.8 ms one commit after a checkpoint and 12.6 ms 95 commits after it on this machine
-# kind, and every process polling a queue pays that on each look. A checkpoint costs its writer
-# 11 ms at 1,000 live files and 41 ms at 20,000 (once per interval). The postings network's p99
-# (bench_participants.py): 1.04-1.07 s at 100, 0.70-0.74 s at 10, on the same machine. A queue's
-# own ``properties={"delta.checkpointInterval": ...}`` overrides it; queues created before keep
-# the interval they were created with.
+# (``update_incremental``) and every ``transaction_version`` lookup, even one version ahead, and
+# every process polling a queue pays that on each look; a checkpoint costs only the writer whose
+# commit reaches the interval (bench/results/checkpoint_interval.json; the postings network's p99,
+# participants-4.json to -7.json). A queue's own ``properties={"delta.checkpointInterval": ...}``
+# overrides it; queues created before keep the interval they were created with.
 QUEUE_CHECKPOINT_INTERVAL = 10
 
 DEFAULT_VACUUM_RETENTION_HOURS = 24
