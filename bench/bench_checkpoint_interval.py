@@ -17,6 +17,10 @@ per commit):
   files (the files are add actions of one 1-row Parquet file's size and statistics, committed by
   ``create_write_transaction``; a checkpoint reads only the log), after a new commit each time,
   medians of ``--reps``. What the writer whose commit reaches the interval pays, once per interval.
+* ``positions``: 400 tailer position commits (``PositionStore.commit``, three tailers in turn) on
+  a new positions table created with a checkpoint interval of 100 and of 10
+  (``positions.CHECKPOINT_INTERVAL``, which the handle also reopens by), alternating 100, 10,
+  100, 10; p50 and mean of the last 350 commits of each.
 
 The end-to-end effect is measured by ``bench_participants.py`` (its JSON files name the
 interval in their ``note``).
@@ -107,6 +111,29 @@ def writer(root: Path, reps: int) -> dict[str, float]:
     return out
 
 
+def position_commits(root: Path) -> dict[str, list[dict[str, float]]]:
+    from cues_platform.queues import positions
+
+    saved = positions.CHECKPOINT_INTERVAL
+    out: dict[str, list[dict[str, float]]] = {"100": [], "10": []}
+    try:
+        for i, interval in enumerate((100, 10, 100, 10)):
+            positions.CHECKPOINT_INTERVAL = interval
+            store = positions.PositionStore(Lake(root=str(root / f"positions-{i}")))
+            seconds = []
+            for n in range(400):
+                t = time.perf_counter()
+                store.commit(queue="q", tailer=f"t{n % 3}", partition="0", position=n)
+                seconds.append(time.perf_counter() - t)
+            kept = seconds[50:]
+            out[str(interval)].append({"p50_ms": round(median(kept) * 1000, 2),
+                                       "mean_ms": round(sum(kept) / len(kept) * 1000, 2)})
+            print(f"positions at interval {interval}: {out[str(interval)][-1]}", flush=True)
+    finally:
+        positions.CHECKPOINT_INTERVAL = saved
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=7)
@@ -116,9 +143,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="cues-checkpoint-interval-") as tmp:
         read = readers(Path(tmp), args.reps)
         write = writer(Path(tmp), args.reps)
+        commits = position_commits(Path(tmp))
     out = {"benchmark": "checkpoint_interval", "at": now_iso(), "machine": machine_info(), "note": args.note,
            "config": {"reps": args.reps, "queue_checkpoint_interval": QUEUE_CHECKPOINT_INTERVAL},
-           "readers_by_commits_since_checkpoint": read, "checkpoint_ms_by_live_files": write}
+           "readers_by_commits_since_checkpoint": read, "checkpoint_ms_by_live_files": write,
+           "position_commits_by_interval": commits}
     print("wrote", write_json(args.out, out))
 
 

@@ -80,7 +80,7 @@ class Coordinator:
     def __init__(self, lake: LakeLocation) -> None:
         self.lake = lake
         # A SystemTable keeps the handle fresh at a flat cost: re-opened from the newest
-        # checkpoint every REOPEN_EVERY commits, old log entries cleaned (positions.py).
+        # checkpoint every checkpoint interval of the table, old log entries cleaned (positions.py).
         self.system = SystemTable(lake, "transactions", SCHEMA)
 
     def snapshot(self) -> DeltaTable:

@@ -38,12 +38,15 @@ from cues_platform.queues.layout import (
 from cues_platform.queues.location import LakeLocation
 from cues_platform.queues.maintenance import trim_log
 
-CHECKPOINT_INTERVAL = 100  # commits; written by delta-rs' post-commit hook
+# commits; written by delta-rs' post-commit hook. 10 as for queues (layout.QUEUE_CHECKPOINT_INTERVAL):
+# delta-rs replays the log from the newest checkpoint on every refresh and app-transaction lookup
+# (bench/results/checkpoint_interval-2.json: a position commit's p50 at 100 and at 10)
+CHECKPOINT_INTERVAL = 10
 CONFLICT_RETRIES = 20  # a position commit refused as a concurrent transaction, made again
-# A handle moved forward over this many commits is replaced by a fresh one opened from the newest
+# A handle moved forward over one checkpoint interval of its table (the table's own property: 100
+# for tables created before 2026-11-29) is replaced by a fresh one opened from the newest
 # checkpoint: delta-rs snapshots advanced commit by commit get slower with every commit (a
 # position commit measured 12 ms at commit 100 and 100 ms at commit 1,000 without this).
-REOPEN_EVERY = CHECKPOINT_INTERVAL
 
 SCHEMA = pa.schema(
     [
@@ -87,12 +90,19 @@ def _open(lake: LakeLocation, uri: str, *, what: str) -> DeltaTable:
                                   queue_rules=False) from exc
 
 
+def checkpoint_interval(dt: DeltaTable) -> int:
+    """The table's ``delta.checkpointInterval`` (delta-rs' 100 when unset or not a positive number)."""
+    value = dt.metadata().configuration.get("delta.checkpointInterval", "")
+    return int(value) if value.isdigit() and int(value) > 0 else 100
+
+
 class SystemTable:
     """A system table's handle, kept fresh at a flat cost (thread-safe).
 
     :meth:`snapshot` moves the handle to the newest version (``update_incremental``; on a local
     lake only when the next commit entry exists) and replaces it by a fresh one, opened from the
-    newest checkpoint, once it has moved :data:`REOPEN_EVERY` commits past where it was opened.
+    newest checkpoint, once it has moved one checkpoint interval of the table (``reopen_every``)
+    past where it was opened.
     """
 
     def __init__(self, lake: LakeLocation, name: str, schema: pa.Schema) -> None:
@@ -102,6 +112,7 @@ class SystemTable:
         self.lock = threading.RLock()
         self._dt = open_system_table(lake, name, schema)
         self.opened_at = self._dt.version()
+        self.reopen_every = checkpoint_interval(self._dt)
         self._log_dir = lake.local_path(self.uri) / "_delta_log" if lake.is_local else None
 
     def snapshot(self) -> DeltaTable:
@@ -119,7 +130,7 @@ class SystemTable:
                                           what=f"system table {self.name!r}", error=exc,
                                           queue_rules=False) from exc
             # None: another handle's cleanup trimmed the log past this one: open it again
-            if current is None or self._dt.version() - self.opened_at >= REOPEN_EVERY:
+            if current is None or self._dt.version() - self.opened_at >= self.reopen_every:
                 self.cleanup_log()
                 self._dt = _open(self.lake, self.uri, what=f"system table {self.name!r}")
                 self.opened_at = self._dt.version()

@@ -20,7 +20,7 @@ from cues_platform.queues.maintenance import (
     maintain,
     vacuum,
 )
-from cues_platform.queues.positions import REOPEN_EVERY, PositionStore
+from cues_platform.queues.positions import CHECKPOINT_INTERVAL, PositionStore
 from tests.support import PAYLOAD, ROOT, rows
 
 
@@ -181,11 +181,11 @@ def test_a_position_handle_sees_positions_committed_past_another_handles_cleanup
     handle idle across that opens the table again instead of reading an old position forever."""
     writer, idle = PositionStore(lake), PositionStore(lake)
     assert idle.get(queue="q", tailer="t", partition="0") is None
-    for pos in range(1, 2 * REOPEN_EVERY + 5):
+    for pos in range(1, 2 * CHECKPOINT_INTERVAL + 5):
         writer.commit(queue="q", tailer="t", partition="0", position=pos)
     log = lake.local_path(writer.table.uri) / "_delta_log"
     assert not (log / f"{1:020d}.json").exists()  # trimmed past the idle handle
-    assert idle.get(queue="q", tailer="t", partition="0") == 2 * REOPEN_EVERY + 4
+    assert idle.get(queue="q", tailer="t", partition="0") == 2 * CHECKPOINT_INTERVAL + 4
 
 
 def test_trim_log_keeps_every_version_from_the_second_newest_checkpoint_at_or_below_upto(lake) -> None:

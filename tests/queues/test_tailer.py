@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from cues_platform.queues import OffsetRangeError, ReadTimeoutError
+from cues_platform.queues import Lake, OffsetRangeError, ReadTimeoutError
 from cues_platform.queues.errors import PositionRangeError
 from tests.support import rows
 
@@ -99,10 +99,10 @@ def test_commit_outside_the_partition_raises_and_keeps_the_committed_position(ma
 def test_position_commits_keep_a_bounded_log_and_a_fresh_handle(make_queue, lake) -> None:
     """A position commit used to slow down with every commit (the handle was never reopened and
     delta-rs lists the whole log per commit): the handle is reopened from a checkpoint every
-    REOPEN_EVERY commits and the log keeps at most two checkpoints' worth of entries."""
+    checkpoint interval (10 commits) and the log keeps at most two checkpoints' worth of entries."""
     from pathlib import Path
 
-    from cues_platform.queues.positions import CHECKPOINT_INTERVAL, REOPEN_EVERY, PositionStore
+    from cues_platform.queues.positions import CHECKPOINT_INTERVAL, PositionStore
 
     q = make_queue()
     q.append(rows(0, 10), partition="0")
@@ -112,11 +112,26 @@ def test_position_commits_keep_a_bounded_log_and_a_fresh_handle(make_queue, lake
     for i in range(3 * CHECKPOINT_INTERVAL + 20):
         tailer.commit(i % 11)
         table = tailer._store.table
-        assert table.snapshot().version() - table.opened_at < REOPEN_EVERY
+        assert table.reopen_every == CHECKPOINT_INTERVAL == 10
+        assert table.snapshot().version() - table.opened_at < CHECKPOINT_INTERVAL
         opened.append(table.opened_at)
-        assert len(list(log.glob("*.json"))) <= 2 * CHECKPOINT_INTERVAL + REOPEN_EVERY + 1
+        assert len(list(log.glob("*.json"))) <= 3 * CHECKPOINT_INTERVAL + 1
     assert len(set(opened)) >= 3  # reopened as it went
     assert len(list(log.glob("*.checkpoint.parquet"))) >= 2
     # nothing a reader needs was cleaned away
     assert PositionStore(lake).get(queue="events", tailer="t", partition="0") == (3 * CHECKPOINT_INTERVAL + 19) % 11
     assert q.tailer("t", partition="0").position == (3 * CHECKPOINT_INTERVAL + 19) % 11
+
+
+def test_a_positions_table_created_before_keeps_reopening_at_its_own_interval(lake, monkeypatch) -> None:
+    """Positions tables are created with a checkpoint interval of 10 since 2026-11-29; a handle
+    on one created before (100) reopens after its own interval, where its checkpoints are."""
+    from cues_platform.queues import positions
+
+    monkeypatch.setattr(positions, "CHECKPOINT_INTERVAL", 100)  # as created before
+    assert positions.PositionStore(lake).table.reopen_every == 100
+    monkeypatch.undo()
+    assert positions.CHECKPOINT_INTERVAL == 10
+    assert positions.PositionStore(lake).table.reopen_every == 100  # the table's property wins
+    fresh = Lake(root=lake.root + "-new")
+    assert positions.PositionStore(fresh).table.reopen_every == 10

@@ -129,7 +129,7 @@ def test_coordinator_commits_keep_a_bounded_log_and_old_decisions(make_queue, la
     from pathlib import Path
 
     from cues_platform.queues.coordinator import Coordinator, TxnStatus
-    from cues_platform.queues.positions import CHECKPOINT_INTERVAL, REOPEN_EVERY
+    from cues_platform.queues.positions import CHECKPOINT_INTERVAL
 
     q = make_queue("debits")
     p = TransactionalProducer(lake, transactional_id="many")
@@ -141,9 +141,9 @@ def test_coordinator_commits_keep_a_bounded_log_and_old_decisions(make_queue, la
         p.send(q, rows(i, 1), partition="0")
         p.commit()
         system = p.coordinator.system
-        assert system.snapshot().version() - system.opened_at < REOPEN_EVERY
+        assert system.snapshot().version() - system.opened_at < system.reopen_every == CHECKPOINT_INTERVAL
         opened.add(system.opened_at)
-        assert len(list(log.glob("*.json"))) <= 2 * CHECKPOINT_INTERVAL + REOPEN_EVERY + 1
+        assert len(list(log.glob("*.json"))) <= 3 * CHECKPOINT_INTERVAL + 1
     assert len(opened) >= 3  # reopened as it went
     assert Coordinator(lake).status(txns[0]) is TxnStatus.COMMITTED  # kept through the trimming
     assert q.tailer("t", partition="0").read_arrow(1000)["id"].to_pylist() == list(range(len(txns)))
