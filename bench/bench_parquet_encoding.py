@@ -20,18 +20,14 @@ each way's file size (smaller is better: a dictionary of unique numbers only add
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
-import time
 from pathlib import Path
-
-import pyarrow.parquet as pq
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
-from bench_parquet_stats import step_slice  # noqa: E402
+from bench_parquet_stats import step_slice, time_writes  # noqa: E402
 from common import machine_info, median, now_iso, write_json  # noqa: E402
 
 from cues_platform.queues.layout import STATS_COLUMNS  # noqa: E402
@@ -49,19 +45,9 @@ def main() -> None:
         table = step_slice(args.rows, Path(tmp))
         stats = [c for c in STATS_COLUMNS.split(",") if c in table.column_names]
         dictionary = list(dictionary_columns(table.schema))
-        ways = {"every_column": True, "byte_arrays": dictionary}
-        seconds: dict[str, list[float]] = {w: [] for w in ways}
-        sizes: dict[str, int] = {}
-        for r in range(args.rounds):
-            for way in (list(ways) if r % 2 == 0 else list(reversed(ways))):
-                path = os.path.join(tmp, f"{way}-{r}.parquet")
-                t = time.perf_counter()
-                pq.write_table(table, path, compression="snappy", write_statistics=stats,
-                               use_dictionary=ways[way])
-                seconds[way].append(time.perf_counter() - t)
-                sizes[way] = os.path.getsize(path)
-                if pq.read_table(path).num_rows != table.num_rows:
-                    raise SystemExit(f"{way}: the file does not hold the {table.num_rows} rows written")
+        ways = {"every_column": {"write_statistics": stats, "use_dictionary": True},
+                "byte_arrays": {"write_statistics": stats, "use_dictionary": dictionary}}
+        seconds, sizes = time_writes(table, tmp, ways, args.rounds)
     kept = {w: s[2:] for w, s in seconds.items()}
     ratios = [a / b for a, b in zip(kept["every_column"], kept["byte_arrays"], strict=True)]
     result = {w: {"ms_median": round(median(s) * 1000, 2), "bytes": sizes[w]} for w, s in kept.items()}

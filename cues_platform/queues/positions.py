@@ -32,16 +32,17 @@ from cues_platform.queues.integrity import (
 from cues_platform.queues.layout import (
     COMMIT_HOOKS,
     NO_LOG_CLEANUP_PROPERTY,
+    QUEUE_CHECKPOINT_INTERVAL,
     TAILER_EXPENDABLE,
     TAILER_POSITION,
 )
 from cues_platform.queues.location import LakeLocation
 from cues_platform.queues.maintenance import trim_log
 
-# commits; written by delta-rs' post-commit hook. 10 as for queues (layout.QUEUE_CHECKPOINT_INTERVAL):
+# commits; written by delta-rs' post-commit hook. The queues' interval, for the same reason:
 # delta-rs replays the log from the newest checkpoint on every refresh and app-transaction lookup
 # (bench/results/checkpoint_interval-2.json: a position commit's p50 at 100 and at 10)
-CHECKPOINT_INTERVAL = 10
+CHECKPOINT_INTERVAL = QUEUE_CHECKPOINT_INTERVAL
 CONFLICT_RETRIES = 20  # a position commit refused as a concurrent transaction, made again
 # A handle moved forward over one checkpoint interval of its table (the table's own property: 100
 # for tables created before 2026-11-29) is replaced by a fresh one opened from the newest
